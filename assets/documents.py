@@ -44,7 +44,7 @@ def _metadata(result: pipeline.StageResult, **extra) -> dict:
 )
 def source_document(context: dg.AssetExecutionContext, index: IndexResource, inbox: InboxResource) -> dg.MaterializeResult:
     files = inbox.files()
-    paths = {key: files.get(key, inbox.root() / f"<missing:{key}>") for key in context.partition_keys}
+    paths = {key: files.get(key) for key in context.partition_keys}
     settings = index.settings()
     result = pipeline.load_sources(paths, inbox.root(), index.extract_store(), settings.index_version)
     _report_failures(context, "source_document", result)

@@ -5,7 +5,7 @@ any stage can be re-run alone and the stores can be rebuilt from files.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable
@@ -49,16 +49,19 @@ def save_source(document: SourceDocument, store: ExtractStore, version: str) -> 
     store.write(SOURCES, document.doc_id, pl.DataFrame([row]))
 
 
-def load_sources(paths: dict[str, Path], root: Path, store: ExtractStore, version: str) -> StageResult:
-    """Read and validate each file (doc_id -> path); bad files are reported, good ones saved."""
+def load_sources(paths: dict[str, Path | None], root: Path, store: ExtractStore, version: str) -> StageResult:
+    """Read and validate each file (doc_id -> path, None when it is gone); bad files are reported."""
     result = StageResult()
     for doc_id, path in paths.items():
+        if path is None:
+            result.failed[doc_id] = f"{root}/{doc_id}: file no longer exists in the inbox (removed after it was scheduled)"
+            continue
         try:
             document = read_document(path, root)
         except DocumentError as error:
             result.failed[doc_id] = str(error)
             continue
-        save_source(document, store, version)
+        save_source(replace(document, doc_id=doc_id), store, version)  # the caller's key is the partition key
         result.done.append(doc_id)
         result.rows += 1
     return result

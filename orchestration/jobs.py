@@ -4,11 +4,11 @@ import dagster as dg
 
 from assets.documents import document_assets
 from lexgraph import pipeline
-from orchestration.partitions import GRAPH_WRITER_POOL, documents
+from orchestration.partitions import GRAPH_WRITER_POOL
 from resources import IndexResource, KuzuResource, LanceDBResource
 
 ingest_documents = dg.define_asset_job(
-    "ingest_documents", selection=dg.AssetSelection.assets(*document_assets), partitions_def=documents,
+    "ingest_documents", selection=dg.AssetSelection.assets(*document_assets),
     description="Ingest a range of document partitions in one run: source → chunks → vectors → graph.",
 )
 

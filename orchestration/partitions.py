@@ -1,5 +1,10 @@
 """One dynamic partition per document, keyed by lexgraph.ids.document_id of its inbox path."""
+import warnings
+
 import dagster as dg
+
+# single_run backfill policy is marked beta; we depend on it deliberately for batching.
+warnings.filterwarnings("ignore", category=dg.BetaWarning)
 
 documents = dg.DynamicPartitionsDefinition(name="documents")
 

@@ -45,8 +45,11 @@ def ingest_folder(folder: str | Path, instance: dg.DagsterInstance, home: str | 
     total = sum(int(r.tags["lexgraph/documents"]) for r in requests.run_requests)
     with tqdm(total=total, unit="doc", desc="ingest", disable=not progress) as bar:
         for request in requests.run_requests:
+            run_config = dict(request.run_config or {})
+            if progress:  # the bar replaces Dagster's console log; the instance still records every event
+                run_config["loggers"] = {"console": {"config": {"log_level": "CRITICAL"}}}
             result = defs.resolve_job_def(request.job_name).execute_in_process(
-                instance=instance, tags=request.tags, run_config=request.run_config, raise_on_error=False)
+                instance=instance, tags=request.tags, run_config=run_config, raise_on_error=False)
             report.runs.append(result.run_id)
             report.failed.update(_failures(result))
             bar.update(int(request.tags["lexgraph/documents"]))

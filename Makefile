@@ -1,0 +1,42 @@
+# lexgraph: two set-up commands, `make demo` and `make test`, both create the virtualenv if missing.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+export LEXGRAPH_HOME ?= $(CURDIR)/.lexgraph
+export HF_HUB_OFFLINE := 1
+SHARED ?= ../shared
+
+.PHONY: install demo test dev bench-ingest clean
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first, pinned: the CPU build; an unpinned torch pulls a multi-GB CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	mkdir -p $(DAGSTER_HOME)
+	$(BIN)/lexgraph ingest sample/corpus
+	$(BIN)/lexgraph status
+	$(BIN)/lexgraph search "Who is the CEO of the engine supplier Kestrel?" -k 3
+
+test: $(STAMP)
+	$(BIN)/pytest -q
+
+dev: $(STAMP)
+	mkdir -p $(DAGSTER_HOME)
+	cp -n orchestration/dagster.yaml $(DAGSTER_HOME)/dagster.yaml || true
+	LEXGRAPH_INBOX=$${LEXGRAPH_INBOX:-sample/corpus} $(BIN)/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
+
+bench-ingest: $(STAMP)
+	$(BIN)/python benchmarks/bench_ingest.py --corpus $(SHARED)/datasets/lihua-world/LiHuaWorld.zip
+
+clean:
+	rm -rf .lexgraph .dagster_home

@@ -1,0 +1,553 @@
+"""Chunk KNN graphs for KET-RAG, kept current as chunks come and go.
+
+Two kinds, as in KET-RAG: ``semantic`` (K nearest chunks by embedding cosine) and ``lexical``
+(K nearest chunks by shared distinct content words). The state is each chunk's directed top-K
+list; the undirected similarity edges are derived from it.
+
+Why: PageRank over this graph picks the skeleton; keeping top-K lists as the state lets an added
+or removed document touch only the lists it affects, and in exact mode that incremental result
+is identical to a full rebuild.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Iterable, Literal, Sequence
+
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+import scipy.sparse as sp
+
+SEMANTIC = "semantic"
+LEXICAL = "lexical"
+# Chosen by measurement: see benchmarks/bench_scale.py and the K study in the project notes.
+DEFAULT_K = 10
+# A word in more chunks than this links too much to say which chunks are close, and keeping it
+# would make the lexical search cost grow with its document frequency; cost per chunk stays
+# below (its distinct words) x DEFAULT_MAX_DF candidate pairs.
+DEFAULT_MAX_DF = 100
+
+Mode = Literal["exact", "approx"]
+Triples = tuple[np.ndarray, np.ndarray, np.ndarray]  # row positions, neighbour positions, similarities
+
+STATE_SCHEMA: dict[str, pl.DataType] = {
+    "chunk_id": pl.String(),
+    "neighbor_id": pl.String(),
+    "kind": pl.String(),
+    "sim": pl.Float64(),
+    "rank": pl.Int32(),
+}
+EDGE_SCHEMA: dict[str, pl.DataType] = {
+    "src": pl.String(),
+    "dst": pl.String(),
+    "kind": pl.String(),
+    "weight": pl.Float64(),
+}
+
+# Unit vectors are stored as integers on a 2^-24 grid. Their dot products, computed in float64,
+# are integers below 2^53 at every partial sum, hence exact whatever the summation order: a
+# pair's similarity is bit-identical from a full build, an update or any block cut.
+_GRID = float(2**24)
+_SIM_UNIT = 2.0**-48
+_NORM_TOLERANCE = 1e-3
+_ROW_BLOCK = 1024  # query rows per dense tile
+_COL_BLOCK = 8192  # corpus rows per dense tile: a tile is 64 MiB of float64
+_WORD_ROW_BLOCK = 512  # query rows per sparse lexical product
+_PAIR_BLOCK = 16384  # pairs rescored at once
+_EMPTY = -1  # unused neighbour slot
+_GONE = -2  # slot whose neighbour was removed: that list must be searched again
+
+
+def _top_k(rows: np.ndarray, cols: np.ndarray, sims: np.ndarray, k: int) -> tuple[np.ndarray, ...]:
+    """Best k candidates per row with positive similarity, as (rows, cols, sims, ranks).
+
+    Higher similarity first, then the smaller position; positions follow chunk-id order, so
+    equal similarities go to the smaller chunk id.
+    """
+    keep = sims > 0
+    rows, cols, sims = rows[keep], cols[keep], sims[keep]
+    order = np.lexsort((cols, -sims, rows))
+    rows, cols, sims = rows[order], cols[order], sims[order]
+    index = np.arange(len(rows))
+    first = np.ones(len(rows), dtype=bool)
+    first[1:] = rows[1:] != rows[:-1]
+    rank = index - np.maximum.accumulate(np.where(first, index, 0))
+    chosen = rank < k
+    return rows[chosen], cols[chosen], sims[chosen], rank[chosen]
+
+
+def _concat(parts: Sequence[Triples]) -> Triples:
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+    return tuple(np.concatenate(column) for column in zip(*parts))  # type: ignore[return-value]
+
+
+def _blocks(positions: np.ndarray, size: int) -> Iterable[np.ndarray]:
+    for start in range(0, len(positions), size):
+        yield positions[start : start + size]
+
+
+class _Hnsw:
+    """faiss HNSW index over the corpus vectors; removed vectors stay in it, filtered out, until a rebuild."""
+
+    def __init__(self, dim: int, m: int = 24, ef_construction: int = 48, ef_search: int = 48) -> None:
+        import faiss
+
+        self._faiss = faiss
+        self._dim, self._m, self._ef_construction, self._ef_search = dim, m, ef_construction, ef_search
+        self._reset()
+
+    def _reset(self) -> None:
+        self.index = self._faiss.IndexHNSWFlat(self._dim, self._m, self._faiss.METRIC_INNER_PRODUCT)
+        self.index.hnsw.efConstruction = self._ef_construction
+        self.position = np.zeros(0, dtype=np.int64)  # corpus position of each faiss id; -1 once removed
+
+    def insert(self, old_to_new: np.ndarray, new_positions: np.ndarray, unit: np.ndarray) -> None:
+        self.forget(old_to_new)
+        self.index.add(unit)
+        self.position = np.concatenate([self.position, new_positions])
+
+    def forget(self, old_to_new: np.ndarray) -> None:
+        """Mark removed rows dead; they stay in the graph, filtered out of results."""
+        self.position = np.where(self.position >= 0, old_to_new[np.maximum(self.position, 0)], -1)
+
+    def mostly_dead(self) -> bool:
+        """A quarter of the index removed: time to rebuild, to keep the graph navigable and small."""
+        return np.count_nonzero(self.position < 0) * 4 > len(self.position)
+
+    def rebuild(self, unit: np.ndarray) -> None:
+        self._reset()
+        self.insert(np.zeros(0, dtype=np.int64), np.arange(len(unit)), unit)
+
+    def search(self, queries: np.ndarray, k: int) -> np.ndarray:
+        """Corpus positions of up to k live nearest vectors per query; -1 where fewer exist."""
+        width = min(k, int(np.count_nonzero(self.position >= 0)))
+        if width == 0 or len(queries) == 0:
+            return np.full((len(queries), max(width, 0)), -1, dtype=np.int64)
+        params = self._faiss.SearchParametersHNSW(efSearch=max(self._ef_search, width))
+        alive = self.position >= 0
+        if not bool(alive.all()):
+            # Both must outlive the search: faiss holds raw pointers to them.
+            bitmap = np.packbits(alive, bitorder="little")
+            selector = self._faiss.IDSelectorBitmap(len(alive), self._faiss.swig_ptr(bitmap))
+            params.sel = selector
+        _, labels = self.index.search(queries, width, params=params)
+        return np.where(labels >= 0, self.position[np.maximum(labels, 0)], -1)
+
+
+class _VectorCorpus:
+    """Chunk embeddings on an integer grid, searched exactly in tiles or through faiss HNSW."""
+
+    kind = SEMANTIC
+
+    def __init__(self, dim: int, mode: Mode) -> None:
+        if mode not in ("exact", "approx"):
+            raise ValueError(f"mode must be 'exact' or 'approx', got {mode!r}")
+        self.grid = np.zeros((0, dim), dtype=np.int32)
+        self.hnsw = _Hnsw(dim) if mode == "approx" else None
+
+    def _quantise(self, vectors: npt.ArrayLike, count: int) -> np.ndarray:
+        array = np.asarray(vectors)
+        if array.ndim != 2 or array.shape != (count, self.grid.shape[1]):
+            raise ValueError(f"expected vectors of shape ({count}, {self.grid.shape[1]}), got {array.shape}")
+        grid = np.empty(array.shape, dtype=np.int32)
+        for rows in _blocks(np.arange(count), _COL_BLOCK):
+            block = array[rows].astype(np.float64)
+            norms = np.linalg.norm(block, axis=1)
+            if not bool(np.all(np.abs(norms - 1.0) <= _NORM_TOLERANCE)):
+                raise ValueError("vectors must be finite and L2-normalised")
+            grid[rows] = np.rint(block * _GRID)
+        return grid
+
+    def _unit(self, rows: np.ndarray) -> np.ndarray:
+        return self.grid[rows].astype(np.float32) * np.float32(1.0 / _GRID)
+
+    def insert(self, old_to_new: np.ndarray, new_positions: np.ndarray, vectors: npt.ArrayLike) -> np.ndarray:
+        added = self._quantise(vectors, len(new_positions))
+        grid = np.empty((len(old_to_new) + len(new_positions), self.grid.shape[1]), dtype=np.int32)
+        grid[old_to_new] = self.grid
+        grid[new_positions] = added
+        self.grid = grid
+        if self.hnsw is not None:
+            self.hnsw.insert(old_to_new, new_positions, self._unit(new_positions))
+        return np.zeros(0, dtype=np.int64)  # an embedding never changes another chunk's similarities
+
+    def delete(self, old_to_new: np.ndarray) -> np.ndarray:
+        self.grid = self.grid[old_to_new >= 0]
+        if self.hnsw is not None:
+            self.hnsw.forget(old_to_new)
+            if self.hnsw.mostly_dead():
+                self.hnsw.rebuild(self._unit(np.arange(len(self.grid))))
+        return np.zeros(0, dtype=np.int64)
+
+    def search(self, rows: np.ndarray, k: int) -> Triples:
+        """Candidates holding each row's top-k over the whole corpus (all of it in exact mode)."""
+        if self.hnsw is None:
+            return self._exact(rows, np.arange(len(self.grid)), k)
+        parts = []
+        for block in _blocks(rows, _PAIR_BLOCK):
+            found = self.hnsw.search(self._unit(block), k + 1)  # +1: the row itself is in the index
+            parts.append(self._pairs(np.repeat(block, found.shape[1]), found.ravel()))
+        return _concat(parts)
+
+    def search_among(self, rows: np.ndarray, cols: np.ndarray, k: int) -> Triples:
+        """Candidates holding each row's top-k among ``cols`` (the new or changed chunks).
+
+        Approximate mode searches from ``cols`` instead: cosine is symmetric, so a chunk whose
+        list a new chunk enters is usually among that new chunk's own nearest; 2k widens the net.
+        """
+        if self.hnsw is None:
+            return self._exact(rows, cols, k)
+        wanted = np.zeros(len(self.grid), dtype=bool)
+        wanted[rows] = True
+        parts = []
+        for block in _blocks(cols, _PAIR_BLOCK):
+            found = self.hnsw.search(self._unit(block), 2 * k + 1)
+            near, new = found.ravel(), np.repeat(block, found.shape[1])
+            keep = (near >= 0) & wanted[np.maximum(near, 0)]
+            parts.append(self._pairs(near[keep], new[keep]))
+        return _concat(parts)
+
+    def _pairs(self, rows: np.ndarray, cols: np.ndarray) -> Triples:
+        """Exact similarity of each (row, col) pair, dropping self-pairs and empty slots."""
+        keep = (cols >= 0) & (cols != rows)
+        rows, cols = rows[keep], cols[keep]
+        sims = np.empty(len(rows))
+        for span in _blocks(np.arange(len(rows)), _PAIR_BLOCK):
+            left = self.grid[rows[span]].astype(np.float64)
+            right = self.grid[cols[span]].astype(np.float64)
+            sims[span] = np.einsum("ij,ij->i", left, right) * _SIM_UNIT
+        return rows, cols, sims
+
+    def _exact(self, rows: np.ndarray, cols: np.ndarray, k: int) -> Triples:
+        """Blocked brute force: memory is one tile, never rows x cols."""
+        found = []
+        for row_block in _blocks(rows, _ROW_BLOCK):
+            left = self.grid[row_block].astype(np.float64)
+            best: Triples = _concat([])
+            for col_block in _blocks(cols, _COL_BLOCK):
+                dots = left @ self.grid[col_block].astype(np.float64).T
+                is_self = np.isin(row_block, col_block)
+                dots[np.flatnonzero(is_self), np.searchsorted(col_block, row_block[is_self])] = -np.inf
+                if dots.shape[1] > k:
+                    kth = np.partition(dots, dots.shape[1] - k, axis=1)[:, dots.shape[1] - k]
+                    candidate = dots >= kth[:, None]
+                else:
+                    candidate = np.ones(dots.shape, dtype=bool)
+                r, c = np.nonzero(candidate & (dots > 0))
+                tile = (row_block[r], col_block[c], dots[r, c] * _SIM_UNIT)
+                best = _top_k(*_concat([best, tile]), k)[:3]
+            found.append(best)
+        return _concat(found)
+
+
+class _WordCorpus:
+    """Distinct content words per chunk as a sparse 0/1 matrix; words in over ``max_df`` chunks are ignored.
+
+    Similarity is the shared distinct-word count divided by sqrt(|A|·|B|) (cosine of the binary
+    word vectors): it ranks like the raw count for a fixed pair size, but stops long chunks from
+    becoming everyone's neighbour, and is on the same [0, 1] scale as the semantic edges that
+    share one PageRank graph with it.
+    """
+
+    kind = LEXICAL
+
+    def __init__(self, max_df: int) -> None:
+        if isinstance(max_df, bool) or not isinstance(max_df, int) or max_df < 1:
+            raise ValueError(f"max_df must be a positive integer, got {max_df!r}")
+        self.max_df = max_df
+        self.vocabulary: dict[str, int] = {}
+        self.incidence = sp.csr_matrix((0, 0), dtype=np.int32)
+        self.df = np.zeros(0, dtype=np.int64)
+        self._cache: tuple[sp.csr_matrix, sp.csr_matrix, np.ndarray] | None = None
+
+    def _rows(self, words: Sequence[Iterable[str]], count: int) -> sp.csr_matrix:
+        if len(words) != count:
+            raise ValueError(f"expected {count} word lists, got {len(words)}")
+        for chunk_words in words:
+            if isinstance(chunk_words, str):
+                raise TypeError("each chunk's words must be a list of words, not one string")
+        indptr, indices = [0], []
+        for chunk_words in words:
+            ids = {self.vocabulary.setdefault(word, len(self.vocabulary)) for word in chunk_words}
+            indices.extend(sorted(ids))
+            indptr.append(len(indices))
+        shape = (count, len(self.vocabulary))
+        return sp.csr_matrix((np.ones(len(indices), np.int32), indices, indptr), shape=shape)
+
+    def _widen(self) -> None:
+        width = len(self.vocabulary)
+        self.incidence.resize((self.incidence.shape[0], width))
+        self.df = np.concatenate([self.df, np.zeros(width - len(self.df), dtype=np.int64)])
+
+    def _flipped(self, old_df: np.ndarray, exclude: np.ndarray) -> np.ndarray:
+        """Rows (not in ``exclude``) holding a word that crossed ``max_df``: all their similarities moved."""
+        flipped = (old_df <= self.max_df) != (self.df <= self.max_df)
+        if not bool(flipped.any()):
+            return np.zeros(0, dtype=np.int64)
+        holders = np.flatnonzero(self.incidence[:, flipped].getnnz(axis=1))
+        return np.setdiff1d(holders, exclude)
+
+    def insert(self, old_to_new: np.ndarray, new_positions: np.ndarray, words: Sequence[Iterable[str]]) -> np.ndarray:
+        added = self._rows(words, len(new_positions))
+        self._widen()
+        old_df = self.df.copy()
+        self.df += np.asarray(added.sum(axis=0)).ravel().astype(np.int64)
+        source = np.empty(len(old_to_new) + len(new_positions), dtype=np.int64)
+        source[np.concatenate([old_to_new, new_positions])] = np.arange(len(source))
+        self.incidence = sp.vstack([self.incidence, added], format="csr")[source]
+        self._cache = None
+        return self._flipped(old_df, new_positions)
+
+    def delete(self, old_to_new: np.ndarray) -> np.ndarray:
+        keep = old_to_new >= 0
+        old_df = self.df.copy()
+        self.df -= np.asarray(self.incidence[~keep].sum(axis=0)).ravel().astype(np.int64)
+        self.incidence = self.incidence[keep]
+        self._cache = None
+        return self._flipped(old_df, np.zeros(0, dtype=np.int64))
+
+    def _kept(self) -> tuple[sp.csr_matrix, sp.csr_matrix, np.ndarray]:
+        """Incidence restricted to words within the cap, its transpose, and each row's word count."""
+        if self._cache is None:
+            matrix = self.incidence.copy()
+            matrix.data = (self.df[matrix.indices] <= self.max_df).astype(np.int32)
+            matrix.eliminate_zeros()
+            self._cache = (matrix, matrix.T.tocsr(), matrix.getnnz(axis=1).astype(np.int64))
+        return self._cache
+
+    def search(self, rows: np.ndarray, k: int) -> Triples:
+        matrix, transposed, _ = self._kept()
+        return self._shared(rows, transposed, np.arange(matrix.shape[0]), k)
+
+    def search_among(self, rows: np.ndarray, cols: np.ndarray, k: int) -> Triples:
+        matrix, _, _ = self._kept()
+        return self._shared(rows, matrix[cols].T.tocsr(), cols, k)
+
+    def _shared(self, rows: np.ndarray, targets: sp.csr_matrix, target_positions: np.ndarray, k: int) -> Triples:
+        """Exact top-k by normalised shared-word count; each block costs its rows' posting lists."""
+        matrix, _, sizes = self._kept()
+        found = []
+        for block in _blocks(rows, _WORD_ROW_BLOCK):
+            shared = (matrix[block] @ targets).tocoo()
+            r, c = block[shared.row], target_positions[shared.col]
+            keep = r != c
+            r, c, count = r[keep], c[keep], shared.data[keep].astype(np.float64)
+            sims = count / np.sqrt((sizes[r] * sizes[c]).astype(np.float64))
+            found.append(_top_k(r, c, sims, k)[:3])
+        return _concat(found)
+
+
+@dataclass(frozen=True)
+class KnnUpdate:
+    """What one add or remove did to the neighbour lists, for run metadata."""
+
+    added: int
+    removed: int
+    recomputed: int  # lists searched afresh: new chunks, chunks that lost a neighbour, lexical re-weights
+    changed: int  # lists that differ afterwards
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def _as_ids(chunk_ids: Sequence[str] | np.ndarray) -> np.ndarray:
+    ids = np.asarray(chunk_ids, dtype=str)
+    if ids.ndim != 1:
+        raise ValueError("chunk ids must be a flat sequence of strings")
+    if len(np.unique(ids)) != len(ids):
+        raise ValueError("chunk ids must be unique")
+    return ids
+
+
+class KnnGraph:
+    """Directed top-K neighbour lists of one kind over a chunk corpus, updated in place.
+
+    Build with :func:`semantic_knn` or :func:`lexical_knn`. ``chunk_ids`` is sorted; list
+    entries are positions into it.
+    """
+
+    def __init__(self, corpus: _VectorCorpus | _WordCorpus, k: int) -> None:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        self.kind = corpus.kind
+        self.k = k
+        self._corpus = corpus
+        self.chunk_ids = np.zeros(0, dtype=str)
+        self._neighbors = np.full((0, k), _EMPTY, dtype=np.int64)
+        self._sims = np.zeros((0, k))
+
+    def __len__(self) -> int:
+        return len(self.chunk_ids)
+
+    def add(self, chunk_ids: Sequence[str], data: npt.ArrayLike | Sequence[Iterable[str]]) -> KnnUpdate:
+        """Add chunks (vectors for semantic, word lists for lexical): new lists plus reverse insertions."""
+        new_ids = _as_ids(chunk_ids)
+        merged = np.concatenate([self.chunk_ids, new_ids])
+        order = np.argsort(merged, kind="stable")
+        if len(merged) > 1 and bool(np.any(merged[order][1:] == merged[order][:-1])):
+            clash = np.intersect1d(self.chunk_ids, new_ids)
+            raise ValueError(f"chunk ids already in the graph: {clash[:5].tolist()}")
+        target = np.empty(len(merged), dtype=np.int64)
+        target[order] = np.arange(len(merged))
+        old_to_new, new_positions = target[: len(self.chunk_ids)], target[len(self.chunk_ids) :]
+        changed = self._corpus.insert(old_to_new, new_positions, data)  # type: ignore[arg-type]
+        self._move(old_to_new, merged[order])
+        return self._refresh(np.union1d(new_positions, changed), added=len(new_ids), removed=0)
+
+    def remove(self, chunk_ids: Sequence[str]) -> KnnUpdate:
+        """Drop chunks; only lists that held one of them (or lexical re-weights) are searched again."""
+        gone = _as_ids(chunk_ids)
+        unknown = np.setdiff1d(gone, self.chunk_ids)
+        if len(unknown):
+            raise ValueError(f"unknown chunk ids: {unknown[:5].tolist()}")
+        keep = ~np.isin(self.chunk_ids, gone)
+        old_to_new = np.where(keep, np.cumsum(keep) - 1, -1)
+        changed = self._corpus.delete(old_to_new)
+        self._move(old_to_new, self.chunk_ids[keep])
+        return self._refresh(changed, added=0, removed=len(gone))
+
+    def _move(self, old_to_new: np.ndarray, chunk_ids: np.ndarray) -> None:
+        """Renumber rows and list entries after ids were inserted or deleted; removed neighbours become _GONE."""
+        neighbors = np.full((len(chunk_ids), self.k), _EMPTY, dtype=np.int64)
+        sims = np.zeros((len(chunk_ids), self.k))
+        live = old_to_new >= 0
+        moved = self._neighbors[live]
+        target = old_to_new[np.maximum(moved, 0)]
+        neighbors[old_to_new[live]] = np.where(moved < 0, _EMPTY, np.where(target < 0, _GONE, target))
+        sims[old_to_new[live]] = self._sims[live]
+        self.chunk_ids, self._neighbors, self._sims = chunk_ids, neighbors, sims
+
+    def _refresh(self, changed: np.ndarray, added: int, removed: int) -> KnnUpdate:
+        """Search afresh every list that may hold stale entries; offer the changed chunks to all others.
+
+        A list without removed or changed chunks was the top-K of a set that only grew by the
+        changed chunks, so its new top-K is the best of itself and those chunks.
+        """
+        before = self._neighbors.copy(), self._sims.copy()
+        stale = np.any((self._neighbors == _GONE) | np.isin(self._neighbors, changed), axis=1)
+        redo = np.union1d(changed, np.flatnonzero(stale)).astype(np.int64)
+        self._set_rows(redo, self._corpus.search(redo, self.k))
+        rest = np.setdiff1d(np.arange(len(self)), redo)
+        if len(changed) and len(rest):
+            offered = self._corpus.search_among(rest, changed.astype(np.int64), self.k)
+            hit = np.unique(offered[0])
+            self._set_rows(hit, _concat([self._entries(hit), offered]))
+        differs = np.any((before[0] != self._neighbors) | (before[1] != self._sims), axis=1)
+        return KnnUpdate(added, removed, recomputed=len(redo), changed=int(np.count_nonzero(differs)))
+
+    def _entries(self, rows: np.ndarray) -> Triples:
+        r, slot = np.nonzero(self._neighbors[rows] >= 0)
+        return rows[r], self._neighbors[rows[r], slot], self._sims[rows[r], slot]
+
+    def _set_rows(self, rows: np.ndarray, candidates: Triples) -> None:
+        self._neighbors[rows] = _EMPTY
+        self._sims[rows] = 0.0
+        r, c, s, rank = _top_k(*candidates, self.k)
+        self._neighbors[r, rank] = c
+        self._sims[r, rank] = s
+
+    def _positions(self, ids: np.ndarray) -> np.ndarray:
+        slot = np.minimum(np.searchsorted(self.chunk_ids, ids), max(len(self) - 1, 0))
+        if len(ids) and (len(self) == 0 or bool(np.any(self.chunk_ids[slot] != ids))):
+            raise ValueError("state names chunk ids that are not in the corpus")
+        return slot.astype(np.int64)
+
+    def _restore(self, chunk_ids: Sequence[str], data: npt.ArrayLike | Sequence[Iterable[str]], state: pl.DataFrame) -> None:
+        """Load saved lists instead of searching; the corpus must be the one the state was saved with."""
+        ids = _as_ids(chunk_ids)
+        order = np.argsort(ids, kind="stable")
+        target = np.empty(len(ids), dtype=np.int64)
+        target[order] = np.arange(len(ids))
+        self._corpus.insert(np.zeros(0, dtype=np.int64), target, data)  # type: ignore[arg-type]
+        self._move(np.zeros(0, dtype=np.int64), ids[order])
+        missing = set(STATE_SCHEMA) - set(state.columns)
+        if missing:
+            raise ValueError(f"state frame lacks columns {sorted(missing)}")
+        rows = state.filter(pl.col("kind") == self.kind)
+        rank = rows["rank"].to_numpy().astype(np.int64)
+        if len(rank) and (rank.min() < 0 or rank.max() >= self.k):
+            raise ValueError(f"state ranks must lie in [0, {self.k}): was it saved with another k?")
+        owner = self._positions(rows["chunk_id"].to_numpy().astype(str))
+        if len(np.unique(owner * self.k + rank)) != len(rank):
+            raise ValueError("state frame repeats a (chunk_id, rank) pair")
+        self._neighbors[owner, rank] = self._positions(rows["neighbor_id"].to_numpy().astype(str))
+        self._sims[owner, rank] = rows["sim"].to_numpy()
+
+    def state_frame(self) -> pl.DataFrame:
+        """The directed lists, one row per (chunk, neighbour), to persist as Parquet."""
+        row, rank = np.nonzero(self._neighbors >= 0)
+        return pl.DataFrame(
+            {
+                "chunk_id": self.chunk_ids[row],
+                "neighbor_id": self.chunk_ids[self._neighbors[row, rank]],
+                "kind": np.full(len(row), self.kind),
+                "sim": self._sims[row, rank],
+                "rank": rank.astype(np.int32),
+            },
+            schema=STATE_SCHEMA,
+        )
+
+    def edges(self) -> pl.DataFrame:
+        """Undirected similarity edges (src < dst), weight = the larger of the two directions' sims."""
+        row, rank = np.nonzero(self._neighbors >= 0)
+        col = self._neighbors[row, rank]
+        low, high = np.minimum(row, col), np.maximum(row, col)
+        key = low * len(self) + high
+        order = np.argsort(key, kind="stable")
+        key, weight = key[order], self._sims[row, rank][order]
+        starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(key) else np.zeros(0, np.int64)
+        best = np.maximum.reduceat(weight, starts) if len(key) else np.zeros(0)
+        src, dst = np.divmod(key[starts], max(len(self), 1))
+        return pl.DataFrame(
+            {
+                "src": self.chunk_ids[src],
+                "dst": self.chunk_ids[dst],
+                "kind": np.full(len(starts), self.kind),
+                "weight": best,
+            },
+            schema=EDGE_SCHEMA,
+        )
+
+
+def semantic_knn(
+    chunk_ids: Sequence[str],
+    vectors: npt.ArrayLike,
+    k: int = DEFAULT_K,
+    *,
+    mode: Mode = "exact",
+    state: pl.DataFrame | None = None,
+) -> KnnGraph:
+    """Semantic KNN graph over L2-normalised embeddings [n, d] (cosine = dot product).
+
+    ``mode="exact"`` is blocked brute force (memory O(block·n), never n x n) and its updates equal
+    a rebuild; ``mode="approx"`` finds candidates with faiss HNSW (for large n) and scores them
+    exactly. With ``state`` (a :meth:`KnnGraph.state_frame`), the lists are loaded, not searched.
+    """
+    dim = np.asarray(vectors).shape[-1] if np.ndim(vectors) == 2 else 0
+    graph = KnnGraph(_VectorCorpus(dim, mode), k)
+    if state is None:
+        graph.add(chunk_ids, vectors)
+    else:
+        graph._restore(chunk_ids, vectors, state)
+    return graph
+
+
+def lexical_knn(
+    chunk_ids: Sequence[str],
+    words: Sequence[Iterable[str]],
+    k: int = DEFAULT_K,
+    *,
+    max_df: int = DEFAULT_MAX_DF,
+    state: pl.DataFrame | None = None,
+) -> KnnGraph:
+    """Lexical KNN graph over each chunk's content words (or keyword ids); always exact.
+
+    Words found in more than ``max_df`` chunks are ignored. With ``state``, lists are loaded.
+    """
+    graph = KnnGraph(_WordCorpus(max_df), k)
+    if state is None:
+        graph.add(chunk_ids, words)
+    else:
+        graph._restore(chunk_ids, words, state)
+    return graph

@@ -1,0 +1,48 @@
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE_CORPUS = ROOT / "sample" / "corpus"
+SHARED = ROOT.parent / "shared"
+
+
+@pytest.fixture(scope="session")
+def embedder():
+    from lexgraph.embedder import Embedder
+
+    return Embedder.shared()
+
+
+@pytest.fixture
+def tiny_corpus(tmp_path) -> Path:
+    """Four small documents, one with a name that has spaces, ':' and non-ASCII letters."""
+    folder = tmp_path / "inbox"
+    folder.mkdir()
+    (folder / "alpha.md").write_text("# Alpha\n\nAlpha Shipping signed contract C-1 with Bolt Engines.\n\n"
+                                     "## Terms\n\nDelivery is due in May 2024 at Bergen.\n")
+    (folder / "beta.txt").write_text("Bolt Engines is run by Dana Frost.\n\nIts plant is in Kiel.\n")
+    (folder / "gamma.md").write_text("# Gamma\n\nThe arbitration over contract C-1 awarded EUR 2 million.\n")
+    (folder / "Søren notes: 2024.md").write_text("# Notes\n\nSøren Åberg chairs the board of Alpha Shipping.\n")
+    return folder
+
+
+@pytest.fixture
+def home(tmp_path) -> Path:
+    return tmp_path / "index"
+
+
+@pytest.fixture
+def instance():
+    import dagster as dg
+
+    with dg.instance_for_test() as inst:
+        yield inst
+
+
+def copy_corpus(target: Path) -> Path:
+    shutil.copytree(SAMPLE_CORPUS, target)
+    return target
