@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator, Protocol
 
 _LINE = re.compile(r"[^\n]*\n?")
-_HEADING = re.compile(r"(#{1,6})[ \t]+(.*?)[ \t#]*$")
+HEADING = re.compile(r"(#{1,6})[ \t]+(.*?)[ \t#]*$")
 _FENCE = re.compile(r"(```|~~~)")
-_SENTENCE_END = re.compile(r"(?<=[.!?;])[\"')\]]*\s+|\n+")
+# The gap after a sentence end (and any closing quote or bracket, which stays with its sentence).
+_SENTENCE_END = re.compile(r"[.!?;][\"')\]]*(?P<gap>\s+)|\n+")
 # Blocks are token-counted in groups so a 50 MB file never tokenises in one call.
 _COUNT_BATCH = 512
 # Cut windows a little under the budget: word pieces re-tokenised after a cut may grow slightly.
@@ -83,7 +84,7 @@ def markdown_blocks(text: str, markdown: bool = True) -> Iterator[Block]:
         if not stripped:
             yield from close()
             continue
-        heading = _HEADING.match(stripped) if markdown else None
+        heading = HEADING.match(stripped) if markdown else None
         if heading:
             yield from close()
             level = len(heading.group(1))
@@ -107,8 +108,9 @@ def _sentence_spans(text: str, start: int, end: int, by_line: bool) -> list[tupl
     splitter = re.compile(r"\n") if by_line else _SENTENCE_END
     spans, cursor = [], 0
     for match in splitter.finditer(segment):
-        if match.start() > cursor:
-            spans.append((start + cursor, start + match.start()))
+        cut = match.start("gap") if splitter.groupindex and match.group("gap") else match.start()
+        if cut > cursor:
+            spans.append((start + cursor, start + cut))
         cursor = match.end()
     if cursor < len(segment):
         spans.append((start + cursor, end))
@@ -182,7 +184,9 @@ def chunk_text(text: str, counter: TokenCounter, max_tokens: int, markdown: bool
         used = sum(n for _, n in current)
         has_content = any(b.kind != "heading" for b, _ in current)
         new_section = unit.kind == "heading" and has_content
-        if current and (new_section or used + count > max_tokens):
+        # Pieces of one cut word re-tokenise to more word pieces when joined: never repack them.
+        abuts = bool(current) and unit.start == current[-1][0].end
+        if current and (new_section or abuts or used + count > max_tokens):
             yield from emit()
         current.append((unit, count))
     yield from emit()

@@ -25,7 +25,8 @@ def document_id(relative_path: str) -> str:
     The slug keeps keys legible in the Dagster UI; the hash keeps two paths that slug alike
     (``a b.md`` and ``a_b.md``, or names differing only in non-ASCII letters) apart.
     """
-    posix = relative_path.replace("\\", "/").strip("/")
+    # NFC: macOS writes decomposed names; the same name must give the same key everywhere.
+    posix = unicodedata.normalize("NFC", relative_path.replace("\\", "/").strip("/"))
     folded = unicodedata.normalize("NFKD", posix).encode("ascii", "ignore").decode("ascii").lower()
     slug = _UNSAFE.sub("-", folded.replace("/", "--")).strip("-.")[:80] or "doc"
     return f"{slug}-{short_hash(posix, 8)}"

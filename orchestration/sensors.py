@@ -6,7 +6,7 @@ import dagster as dg
 
 from lexgraph.inbox import scan_folder, states_from_json, states_to_json
 from orchestration.partitions import documents
-from orchestration.reconcile import partition_requests, reconcile
+from orchestration.reconcile import ReconcileRequests, partition_requests, reconcile
 from resources import InboxResource, LanceDBResource
 
 
@@ -35,16 +35,31 @@ def inbox_sensor(context: dg.SensorEvaluationContext, inbox: InboxResource, lanc
     )
 
 
-@dg.schedule(
-    cron_schedule="0 2 * * *", job_name="ingest_documents", default_status=dg.DefaultScheduleStatus.RUNNING,
-    description="Nightly full reconcile of the inbox against the index (re-hashes every file).",
-)
-def nightly_reconcile(context: dg.ScheduleEvaluationContext, inbox: InboxResource, lancedb: LanceDBResource):
-    files = scan_folder(inbox.root())
+def _scheduled_reconcile(context: dg.ScheduleEvaluationContext, inbox: InboxResource,
+                         lancedb: LanceDBResource) -> ReconcileRequests:
+    """A full re-hash of the inbox (no cursor), as the nightly safety net behind the sensor."""
     existing = context.instance.get_dynamic_partitions(documents.name)
-    requests = reconcile(files, _indexed_hashes(lancedb), existing)
-    if requests.add_partitions:
-        context.instance.add_dynamic_partitions(documents.name, requests.add_partitions)
+    return reconcile(scan_folder(inbox.root()), _indexed_hashes(lancedb), existing)
+
+
+# A schedule launches only its own job, so removal and ingestion are two schedules on one reconcile.
+@dg.schedule(
+    cron_schedule="50 1 * * *", job_name="purge_documents", default_status=dg.DefaultScheduleStatus.RUNNING,
+    description="Nightly: purge documents whose files left the inbox and drop their partitions.",
+)
+def nightly_purge(context: dg.ScheduleEvaluationContext, inbox: InboxResource, lancedb: LanceDBResource):
+    requests = _scheduled_reconcile(context, inbox, lancedb)
     for key in requests.delete_partitions:
         context.instance.delete_dynamic_partition(documents.name, key)
-    return requests.run_requests or dg.SkipReason("inbox and index agree")
+    return [requests.purge_run] if requests.purge_run else dg.SkipReason("no document was removed")
+
+
+@dg.schedule(
+    cron_schedule="0 2 * * *", job_name="ingest_documents", default_status=dg.DefaultScheduleStatus.RUNNING,
+    description="Nightly: ingest new and changed inbox files in batched runs (full re-hash).",
+)
+def nightly_ingest(context: dg.ScheduleEvaluationContext, inbox: InboxResource, lancedb: LanceDBResource):
+    requests = _scheduled_reconcile(context, inbox, lancedb)
+    if requests.add_partitions:
+        context.instance.add_dynamic_partitions(documents.name, requests.add_partitions)
+    return requests.ingest_runs or dg.SkipReason("no new or changed document")
