@@ -36,7 +36,7 @@ dev: $(STAMP)
 	LEXGRAPH_INBOX=$${LEXGRAPH_INBOX:-sample/corpus} $(BIN)/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
 bench-ingest: $(STAMP)
-	$(BIN)/python benchmarks/bench_ingest.py --corpus $(SHARED)/datasets/lihua-world/LiHuaWorld.zip
+	$(BIN)/python -m benchmarks.bench_ingest --corpus $(SHARED)/datasets/lihua-world/LiHuaWorld.zip
 
 clean:
 	rm -rf .lexgraph .dagster_home

@@ -10,6 +10,7 @@ is identical to a full rebuild.
 """
 from __future__ import annotations
 
+from array import array
 from dataclasses import asdict, dataclass
 from typing import Iterable, Literal, Sequence
 
@@ -95,8 +96,10 @@ class _Hnsw:
     """
 
     def __init__(self, dim: int, m: int = 16, ef_construction: int = 40, ef_search: int = 48) -> None:
-        import faiss
-
+        try:
+            import faiss
+        except ImportError as error:
+            raise ImportError("mode='approx' needs faiss: pip install faiss-cpu") from error
         self._faiss = faiss
         self._dim, self._m, self._ef_construction, self._ef_search = dim, m, ef_construction, ef_search
         self._reset()
@@ -127,7 +130,7 @@ class _Hnsw:
         """Corpus positions of up to k live nearest vectors per query; -1 where fewer exist."""
         width = min(k, int(np.count_nonzero(self.position >= 0)))
         if width == 0 or len(queries) == 0:
-            return np.full((len(queries), max(width, 0)), -1, dtype=np.int64)
+            return np.full((len(queries), width), -1, dtype=np.int64)
         params = self._faiss.SearchParametersHNSW(efSearch=max(self._ef_search, width))
         alive = self.position >= 0
         if not bool(alive.all()):
@@ -271,13 +274,14 @@ class _WordCorpus:
         for chunk_words in words:
             if isinstance(chunk_words, str):
                 raise TypeError("each chunk's words must be a list of words, not one string")
-        indptr, indices = [0], []
+        indptr, indices = array("q", [0]), array("i")  # compact: a list of ints costs ~9x the memory
+        vocabulary = self.vocabulary
         for chunk_words in words:
-            ids = {self.vocabulary.setdefault(word, len(self.vocabulary)) for word in chunk_words}
-            indices.extend(sorted(ids))
+            indices.extend(sorted({vocabulary.setdefault(word, len(vocabulary)) for word in chunk_words}))
             indptr.append(len(indices))
-        shape = (count, len(self.vocabulary))
-        return sp.csr_matrix((np.ones(len(indices), np.int32), indices, indptr), shape=shape)
+        columns = np.frombuffer(indices, dtype=np.int32) if len(indices) else np.zeros(0, np.int32)
+        offsets = np.frombuffer(indptr, dtype=np.int64)
+        return sp.csr_matrix((np.ones(len(columns), np.int32), columns, offsets), shape=(count, len(vocabulary)))
 
     def _widen(self) -> None:
         width = len(self.vocabulary)
@@ -292,7 +296,9 @@ class _WordCorpus:
         holders = np.flatnonzero(self.incidence[:, flipped].getnnz(axis=1))
         return np.setdiff1d(holders, exclude)
 
-    def insert(self, old_to_new: np.ndarray, new_positions: np.ndarray, words: Sequence[Iterable[str]]) -> np.ndarray:
+    def insert(
+        self, old_to_new: np.ndarray, new_positions: np.ndarray, words: Sequence[Iterable[str]]
+    ) -> np.ndarray:
         added = self._rows(words, len(new_positions))
         self._widen()
         old_df = self.df.copy()
@@ -457,7 +463,9 @@ class KnnGraph:
             raise ValueError("state names chunk ids that are not in the corpus")
         return slot.astype(np.int64)
 
-    def _restore(self, chunk_ids: Sequence[str], data: npt.ArrayLike | Sequence[Iterable[str]], state: pl.DataFrame) -> None:
+    def _restore(
+        self, chunk_ids: Sequence[str], data: npt.ArrayLike | Sequence[Iterable[str]], state: pl.DataFrame
+    ) -> None:
         """Load saved lists instead of searching; the corpus must be the one the state was saved with."""
         ids = _as_ids(chunk_ids)
         order = np.argsort(ids, kind="stable")
@@ -481,11 +489,12 @@ class KnnGraph:
     def state_frame(self) -> pl.DataFrame:
         """The directed lists, one row per (chunk, neighbour), to persist as Parquet."""
         row, rank = np.nonzero(self._neighbors >= 0)
+        names = pl.Series(self.chunk_ids, dtype=pl.String)
         return pl.DataFrame(
             {
-                "chunk_id": self.chunk_ids[row],
-                "neighbor_id": self.chunk_ids[self._neighbors[row, rank]],
-                "kind": np.full(len(row), self.kind),
+                "chunk_id": names.gather(row),
+                "neighbor_id": names.gather(self._neighbors[row, rank]),
+                "kind": pl.repeat(self.kind, len(row), eager=True),
                 "sim": self._sims[row, rank],
                 "rank": rank.astype(np.int32),
             },
@@ -503,11 +512,12 @@ class KnnGraph:
         starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(key) else np.zeros(0, np.int64)
         best = np.maximum.reduceat(weight, starts) if len(key) else np.zeros(0)
         src, dst = np.divmod(key[starts], max(len(self), 1))
+        names = pl.Series(self.chunk_ids, dtype=pl.String)
         return pl.DataFrame(
             {
-                "src": self.chunk_ids[src],
-                "dst": self.chunk_ids[dst],
-                "kind": np.full(len(starts), self.kind),
+                "src": names.gather(src),
+                "dst": names.gather(dst),
+                "kind": pl.repeat(self.kind, len(starts), eager=True),
                 "weight": best,
             },
             schema=EDGE_SCHEMA,

@@ -66,7 +66,7 @@ def selection_diff(
     A changed chunk missing from ``chunk_to_doc`` (its document was removed) is still listed as
     selected or deselected but names no document: there is nothing left to re-extract.
     """
-    before, after = set(previous), set(current)
+    before, after = {str(chunk) for chunk in previous}, {str(chunk) for chunk in current}
     entered = tuple(sorted(after - before))
     left = tuple(sorted(before - after))
     documents = {chunk_to_doc[chunk] for chunk in entered + left if chunk in chunk_to_doc}
