@@ -91,6 +91,9 @@ CHUNK_COLUMNS = {
 
 def chunk_documents(doc_ids: Iterable[str], store: ExtractStore, counter: TokenCounter, max_tokens: int,
                     progress: Progress | None = None) -> StageResult:
+    limit = getattr(counter, "max_tokens", max_tokens)
+    if max_tokens > limit:
+        raise ValueError(f"chunk size {max_tokens} exceeds the embedder's input limit of {limit} word pieces")
     result = StageResult()
     for doc_id in doc_ids:
         source = store.read(SOURCES, doc_id).row(0, named=True)
