@@ -9,7 +9,7 @@ Each size runs in its own process, after a warm-up that loads faiss and BLAS. Me
 peak resident set size (RSS, read from /proc/self/statm every 5 ms by a sampling thread) above
 the RSS when the stage started, so it covers numpy, scipy, faiss and polars allocations alike.
 
-    python benchmarks/bench_scale.py --sizes 10000 50000 100000 --k 10 --mode approx
+    python benchmarks/bench_scale.py --sizes 10000 50000 100000 --k 20 --mode approx
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from scipy.sparse.csgraph import connected_components
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lexgraph.knn import DEFAULT_MAX_DF, lexical_knn, semantic_knn  # noqa: E402
+from lexgraph.knn import DEFAULT_K, DEFAULT_MAX_DF, lexical_knn, semantic_knn  # noqa: E402
 from lexgraph.pagerank import pagerank  # noqa: E402
 from lexgraph.skeleton import DEFAULT_BETA, select_skeleton, selection_diff  # noqa: E402
 
@@ -112,7 +112,7 @@ def largest_component_share(ids: np.ndarray, edges: pl.DataFrame) -> float:
     return float(np.bincount(labels).max() / len(ids))
 
 
-def semantic_recall(graph_ids: np.ndarray, state: pl.DataFrame, ids: np.ndarray, vectors: np.ndarray, k: int) -> float:
+def semantic_recall(state: pl.DataFrame, ids: np.ndarray, vectors: np.ndarray, k: int) -> float:
     """Share of the exact top-k found, on a sample of chunks (brute force for the sample only)."""
     rng = np.random.default_rng(1)
     sample = rng.choice(len(ids), min(RECALL_SAMPLE, len(ids)), replace=False)
@@ -147,7 +147,9 @@ def run_one(n: int, k: int, mode: str, max_df: int) -> dict[str, object]:
         new_edges = pl.concat([semantic.edges(), lexical.edges()])
         new_scores = pagerank(semantic.chunk_ids, new_edges["src"], new_edges["dst"], new_edges["weight"])
         reselected = select_skeleton(semantic.chunk_ids, new_scores, DEFAULT_BETA)
-        diff = selection_diff(selected.tolist(), reselected.tolist(), {c: c.split("-")[0] for c in ids.tolist()})
+        documents = {chunk: chunk.split("-")[0] for chunk in ids.tolist()}
+        diff = selection_diff(selected.tolist(), reselected.tolist(), documents)
+    recall = semantic_recall(semantic.state_frame(), ids, vectors, k) if mode == "approx" else 1.0
     return {
         "n": n,
         "k": k,
@@ -155,7 +157,7 @@ def run_one(n: int, k: int, mode: str, max_df: int) -> dict[str, object]:
         "edges": edges.height,
         "largest_component": largest_component_share(ids, edges),
         "churn": len(diff.newly_selected) + len(diff.deselected),
-        "recall": semantic_recall(semantic.chunk_ids, semantic.state_frame(), ids, vectors, k) if mode == "approx" else 1.0,
+        "recall": recall,
     }
 
 
@@ -170,7 +172,7 @@ def print_report(rows: list[dict[str, object]]) -> None:
             print(f"{row['n']:>8} {row['k']:>3} {stage:<14} {values['seconds']:>9.3f} {values['peak_mib']:>9.1f}")
         print(f"{row['n']:>8} {row['k']:>3} {'total (build)':<14} {total:>9.3f}")
     print()
-    print(f"{'n':>8} {'k':>3} {'edges':>9} {'largest comp':>13} {'semantic recall':>16} {'selection churn':>16}")
+    print(f"{'n':>8} {'k':>3} {'edges':>9} {'largest comp':>13} {'semantic recall':>16} {'churn (+1 doc)':>16}")
     for row in rows:
         print(
             f"{row['n']:>8} {row['k']:>3} {row['edges']:>9} {row['largest_component']:>13.4f} "
@@ -193,7 +195,7 @@ def print_report(rows: list[dict[str, object]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 50_000, 100_000])
-    parser.add_argument("--k", type=int, nargs="+", default=[10], help="one or more K values")
+    parser.add_argument("--k", type=int, nargs="+", default=[DEFAULT_K], help="one or more K values")
     parser.add_argument("--mode", choices=["exact", "approx"], default="approx")
     parser.add_argument("--max-df", type=int, default=DEFAULT_MAX_DF)
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # child process: one size, one k
@@ -204,7 +206,8 @@ def main() -> None:
     rows = []
     for k in args.k:
         for n in sorted(args.sizes):
-            command = [sys.executable, __file__, "--one", str(n), "--k", str(k), "--mode", args.mode, "--max-df", str(args.max_df)]
+            options = ["--k", str(k), "--mode", args.mode, "--max-df", str(args.max_df)]
+            command = [sys.executable, __file__, "--one", str(n), *options]
             output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
             rows.append(json.loads(output.strip().splitlines()[-1]))
     print(f"mode={args.mode} max_df={args.max_df} beta={DEFAULT_BETA} dim={DIM} cores={os.cpu_count()}")

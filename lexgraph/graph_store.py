@@ -118,6 +118,24 @@ class GraphStore:
         self._copy("PART_OF", part_of)
         self._copy("NEXT", next_edges)
 
+    def replace_similarity_edges(self, edges: pl.DataFrame) -> None:
+        """The KNN graph as SIMILAR edges (src < dst, kind, weight); edges to unknown chunks are skipped."""
+        self.conn.execute("MATCH ()-[r:SIMILAR]->() DELETE r")
+        self._copy("SIMILAR", edges.select(pl.col("src").alias("from"), pl.col("dst").alias("to"), "kind", "weight"))
+
+    def set_chunk_scores(self, scores: pl.DataFrame) -> None:
+        """PageRank and skeleton membership onto Chunk nodes (chunk_id, pagerank, selected)."""
+        rows = scores.select("chunk_id", "pagerank", "selected").to_arrow()  # noqa: F841 (scanned by name)
+        self.conn.execute("LOAD FROM rows MATCH (c:Chunk {id: chunk_id}) "
+                          "SET c.pagerank = pagerank, c.in_skeleton = selected")
+
+    def replace_keywords(self, keywords: pl.Series, links: pl.DataFrame) -> None:
+        """Keyword nodes and keyword→chunk edges (keyword, chunk_id, sentence_count) for the whole corpus."""
+        self.conn.execute("MATCH (k:Keyword) DETACH DELETE k")
+        self._copy("Keyword", pl.DataFrame({"id": keywords}))
+        self._copy("KEYWORD_IN", links.select(pl.col("keyword").alias("from"), pl.col("chunk_id").alias("to"),
+                                              pl.col("sentence_count").cast(pl.Int64).alias("occurrences")))
+
     def _copy(self, table: str, frame: pl.DataFrame) -> None:
         if frame.height:
             rows = frame.to_arrow()  # noqa: F841  (Kùzu scans the local variable by name)

@@ -162,8 +162,8 @@ def _proper_noun_phrases(sentence: str, tokens: list[re.Match[str]], lowercase_w
 def sentence_keywords(sentence: str, lowercase_words: set[str] | None = None) -> set[str]:
     """Keywords of one sentence: content words and proper-noun phrases, normalised.
 
-    ``lowercase_words`` are the words the document uses in lowercase (see
-    :func:`_proper_noun_phrases`); without it a capitalised first word may start a phrase.
+    ``lowercase_words`` are the words the document also uses in lowercase: a sentence's
+    capitalised first word that is one of them does not start a phrase.
     """
     tokens = list(_TOKEN.finditer(sentence))
     words = {word for match in tokens if (word := _content_word(match.group()))}

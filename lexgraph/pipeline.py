@@ -190,3 +190,46 @@ def ingest_directly(paths: dict[str, Path], root: Path, settings: Settings, embe
         graph_result = load_graph(embedded.done, store, graph, vectors)
     return {"sources": sources, "chunks": chunks, "vectors": embedded, "graph": graph_result}
 
+
+
+KEYWORDS, KEYWORD_STATS = "keywords", "keyword_stats"
+
+
+def extract_document_keywords(doc_ids: Iterable[str], store: ExtractStore, embedder: Embedder,
+                              progress: Progress | None = None) -> StageResult:
+    """LLM-free keywords per chunk, plus per-keyword sums of sentence embeddings (KET-RAG's keyword
+    vectors are their means); sentences of many documents are embedded in shared batches."""
+    from lexgraph.keywords import extract_keywords, keyword_stats
+
+    result = StageResult()
+    pending: list[tuple[str, object]] = []
+    before = embedder.stats.tokens
+
+    def flush() -> None:
+        sentences = [s for _, extraction in pending for s in extraction.sentences]
+        matrix = embedder.embed(sentences)
+        offset = 0
+        for doc_id, extraction in pending:
+            vectors = matrix[offset : offset + len(extraction.sentences)]
+            offset += len(extraction.sentences)
+            store.write(KEYWORDS, doc_id, extraction.occurrences)
+            store.write(KEYWORD_STATS, doc_id, keyword_stats(extraction.occurrences, vectors))
+            result.done.append(doc_id)
+            result.rows += extraction.occurrences.height
+        if progress:
+            progress(len(pending))
+        pending.clear()
+
+    queued = 0
+    for doc_id in doc_ids:
+        chunks = store.read(CHUNKS, doc_id)
+        extraction = extract_keywords(list(zip(chunks["chunk_id"].to_list(), chunks["text"].to_list())))
+        pending.append((doc_id, extraction))
+        queued += len(extraction.sentences)
+        if queued >= EMBED_GROUP_CHUNKS:
+            flush()
+            queued = 0
+    if pending:
+        flush()
+    result.tokens = embedder.stats.tokens - before
+    return result

@@ -10,6 +10,7 @@ import pyarrow as pa
 
 CHUNKS = "chunks"
 SOURCES = "sources"
+KEYWORDS = "keywords"
 
 
 def chunk_schema(dimension: int) -> pa.Schema:
@@ -26,6 +27,8 @@ def chunk_schema(dimension: int) -> pa.Schema:
             ("source_path", pa.string()),
             ("content_hash", pa.string()),
             ("model", pa.string()),
+            ("pagerank", pa.float64()),
+            ("in_skeleton", pa.bool_()),
             ("vector", pa.list_(pa.float32(), dimension)),
         ]
     )
@@ -83,10 +86,27 @@ class VectorStore:
         if doc_ids:
             table.delete(_in_list("doc_id", doc_ids))
         if chunks.height:
+            chunks = chunks.with_columns(pl.lit(0.0).alias("pagerank"), pl.lit(False).alias("in_skeleton"))
             data = chunks.select([f.name for f in schema if f.name != "vector"]).to_arrow()
             data = data.append_column("vector", pa.FixedSizeListArray.from_arrays(
                 pa.array(vectors.astype(np.float32).ravel()), vectors.shape[1]))
             table.add(data.cast(schema))
+
+    def set_chunk_scores(self, scores: pl.DataFrame) -> None:
+        """PageRank and skeleton membership onto the chunk rows (chunk_id, pagerank, selected)."""
+        table = self._table(CHUNKS)
+        if table is None or scores.height == 0:
+            return
+        data = scores.select("chunk_id", "pagerank", pl.col("selected").alias("in_skeleton")).to_arrow()
+        table.merge_insert("chunk_id").when_matched_update_all().execute(data)
+
+    def replace_keywords(self, keywords: pl.DataFrame) -> None:
+        """KET-RAG keyword vectors (keyword, vector, sentence_count), replacing the table."""
+        dimension = keywords["vector"].dtype.shape[0] if keywords.height else 384
+        schema = pa.schema([("keyword", pa.string()), ("sentence_count", pa.int64()),
+                            ("vector", pa.list_(pa.float32(), dimension))])
+        data = keywords.select("keyword", "sentence_count", "vector").to_arrow().cast(schema)
+        self.db.create_table(KEYWORDS, data=data, schema=schema, mode="overwrite")
 
     def upsert_sources(self, sources: pl.DataFrame) -> None:
         table = self._table(SOURCES, SOURCE_SCHEMA)

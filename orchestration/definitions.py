@@ -4,8 +4,9 @@ from __future__ import annotations
 import dagster as dg
 
 from assets.documents import document_assets
-from orchestration.jobs import ingest_documents, purge_documents
-from orchestration.sensors import inbox_sensor, nightly_ingest, nightly_purge
+from assets.skeleton import corpus_assets, document_keywords
+from orchestration.jobs import build_corpus_index, ingest_documents, purge_documents
+from orchestration.sensors import corpus_index_after_ingest, inbox_sensor, nightly_ingest, nightly_purge
 from resources import EmbedderResource, IndexResource, InboxResource, KuzuResource, LanceDBResource
 
 
@@ -14,9 +15,9 @@ def build_definitions(inbox_path: str | None = None, home: str | None = None) ->
     index = IndexResource(home=home) if home else IndexResource()
     inbox = InboxResource(path=inbox_path) if inbox_path else InboxResource()
     return dg.Definitions(
-        assets=[*document_assets],
-        jobs=[ingest_documents, purge_documents],
-        sensors=[inbox_sensor],
+        assets=[*document_assets, document_keywords, *corpus_assets],
+        jobs=[ingest_documents, purge_documents, build_corpus_index],
+        sensors=[inbox_sensor, corpus_index_after_ingest],
         schedules=[nightly_purge, nightly_ingest],
         resources={
             "index": index,

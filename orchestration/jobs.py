@@ -3,13 +3,19 @@
 import dagster as dg
 
 from assets.documents import document_assets
+from assets.skeleton import corpus_assets, document_keywords
 from lexgraph import pipeline
 from orchestration.partitions import GRAPH_WRITER_POOL
 from resources import IndexResource, KuzuResource, LanceDBResource
 
 ingest_documents = dg.define_asset_job(
-    "ingest_documents", selection=dg.AssetSelection.assets(*document_assets),
-    description="Ingest a range of document partitions in one run: source → chunks → vectors → graph.",
+    "ingest_documents", selection=dg.AssetSelection.assets(*document_assets, document_keywords),
+    description="Ingest a range of document partitions in one run: source → chunks → vectors → graph, keywords.",
+)
+
+build_corpus_index = dg.define_asset_job(
+    "build_corpus_index", selection=dg.AssetSelection.assets(*corpus_assets),
+    description="Update the corpus-wide KET-RAG index: KNN graph → PageRank → skeleton, and the keyword index.",
 )
 
 

@@ -21,11 +21,13 @@ class IngestReport:
     removed: int = 0
     failed: dict[str, str] = field(default_factory=dict)  # doc_id -> "path: problem"
     runs: list[str] = field(default_factory=list)
+    corpus_index_ok: bool | None = None  # None: the corpus index had nothing to update
 
 
 def ingest_folder(folder: str | Path, instance: dg.DagsterInstance, home: str | None = None,
-                  prune: bool = False, progress: bool = True) -> IngestReport:
-    """Index new and changed files under folder; with prune, also purge documents no longer there."""
+                  prune: bool = False, progress: bool = True, corpus: bool = True) -> IngestReport:
+    """Index new and changed files under folder; with prune, also purge documents no longer there.
+    With corpus, the corpus-wide KET-RAG assets are then updated once (if anything ran)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: not a folder")
@@ -45,16 +47,27 @@ def ingest_folder(folder: str | Path, instance: dg.DagsterInstance, home: str | 
     total = sum(int(r.tags["lexgraph/documents"]) for r in requests.run_requests)
     with tqdm(total=total, unit="doc", desc="ingest", disable=not progress) as bar:
         for request in requests.run_requests:
-            run_config = dict(request.run_config or {})
-            if progress:  # the bar replaces Dagster's console log; the instance still records every event
-                run_config["loggers"] = {"console": {"config": {"log_level": "CRITICAL"}}}
             result = defs.resolve_job_def(request.job_name).execute_in_process(
-                instance=instance, tags=request.tags, run_config=run_config, raise_on_error=False)
+                instance=instance, tags=request.tags, run_config=_quiet(progress, request.run_config),
+                raise_on_error=False)
             report.runs.append(result.run_id)
             report.failed.update(_failures(result))
             bar.update(int(request.tags["lexgraph/documents"]))
     report.failed.update({k: v for k, v in plan.invalid.items() if k not in report.failed})
+    if requests.run_requests and corpus:
+        result = defs.resolve_job_def("build_corpus_index").execute_in_process(
+            instance=instance, run_config=_quiet(progress), raise_on_error=False)
+        report.runs.append(result.run_id)
+        report.corpus_index_ok = result.success
     return report
+
+
+def _quiet(progress: bool, run_config: dict | None = None) -> dict:
+    """With a progress bar, Dagster's console log is silenced; the instance still records every event."""
+    run_config = dict(run_config or {})
+    if progress:
+        run_config["loggers"] = {"console": {"config": {"log_level": "CRITICAL"}}}
+    return run_config
 
 
 def _failures(result: dg.ExecuteInProcessResult) -> dict[str, str]:

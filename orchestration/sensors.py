@@ -5,6 +5,7 @@ import json
 import dagster as dg
 
 from lexgraph.inbox import scan_folder, states_from_json, states_to_json
+from orchestration.jobs import build_corpus_index, ingest_documents, purge_documents
 from orchestration.partitions import documents
 from orchestration.reconcile import ReconcileRequests, partition_requests, reconcile
 from resources import InboxResource, LanceDBResource
@@ -63,3 +64,14 @@ def nightly_ingest(context: dg.ScheduleEvaluationContext, inbox: InboxResource, 
     if requests.add_partitions:
         context.instance.add_dynamic_partitions(documents.name, requests.add_partitions)
     return requests.ingest_runs or dg.SkipReason("no new or changed document")
+
+
+# The corpus assets are unpartitioned and downstream of every document, so an eager condition would
+# fire on each partition; one update per successful ingest or purge run is what is wanted.
+@dg.run_status_sensor(
+    run_status=dg.DagsterRunStatus.SUCCESS, monitored_jobs=[ingest_documents, purge_documents],
+    request_job=build_corpus_index, default_status=dg.DefaultSensorStatus.RUNNING,
+    description="After documents are ingested or purged, update the KNN graph, PageRank, skeleton and keyword index.",
+)
+def corpus_index_after_ingest(context: dg.RunStatusSensorContext):
+    return dg.RunRequest(run_key=f"corpus-after-{context.dagster_run.run_id}")

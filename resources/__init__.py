@@ -1,16 +1,19 @@
 """Dagster resources: thin, configurable wrappers around lexgraph's clients."""
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 import dagster as dg
 
+from lexgraph.corpus_index import DEFAULT_BETA, CorpusFiles
 from lexgraph.embedder import DEFAULT_MODEL, Embedder
 from lexgraph.extract_store import ExtractStore
 from lexgraph.graph_store import GraphStore
 from lexgraph.ids import document_id
+from lexgraph.knn import DEFAULT_K
 from lexgraph.settings import DEFAULT_CHUNK_TOKENS, Settings
 from lexgraph.sources import iter_corpus_files
 from lexgraph.vector_store import VectorStore
@@ -19,10 +22,13 @@ from lexgraph.vector_store import VectorStore
 class IndexResource(dg.ConfigurableResource):
     """Where the index lives; the chunking settings and embedder name fix its version."""
 
-    home: str = dg.EnvVar("LEXGRAPH_HOME").get_value(".lexgraph") or ".lexgraph"
+    home: str = os.environ.get("LEXGRAPH_HOME", ".lexgraph")
     collection: str = "default"
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS
     embed_model: str = DEFAULT_MODEL
+    knn_k: int = int(os.environ.get("LEXGRAPH_KNN_K", DEFAULT_K))
+    knn_mode: str = os.environ.get("LEXGRAPH_KNN_MODE", "auto")
+    beta: float = float(os.environ.get("LEXGRAPH_BETA", DEFAULT_BETA))
 
     def settings(self) -> Settings:
         return Settings(home=Path(self.home), collection=self.collection, embed_model=self.embed_model,
@@ -30,6 +36,9 @@ class IndexResource(dg.ConfigurableResource):
 
     def extract_store(self) -> ExtractStore:
         return ExtractStore(self.settings().extract_dir)
+
+    def corpus_files(self) -> CorpusFiles:
+        return CorpusFiles(self.settings().index_dir)
 
 
 class EmbedderResource(dg.ConfigurableResource):
@@ -74,7 +83,7 @@ class KuzuResource(dg.ConfigurableResource):
 class InboxResource(dg.ConfigurableResource):
     """The folder the sensor watches; files map to partition keys by their path inside it."""
 
-    path: str = dg.EnvVar("LEXGRAPH_INBOX").get_value("sample/corpus") or "sample/corpus"
+    path: str = os.environ.get("LEXGRAPH_INBOX", "sample/corpus")
 
     def root(self) -> Path:
         return Path(self.path)

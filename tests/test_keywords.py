@@ -28,7 +28,8 @@ def test_content_words_are_lowercased_and_possessives_stripped():
 
 
 def test_proper_noun_phrases_are_kept_and_normalised():
-    keywords = sentence_keywords("Yesterday Li Hua met the Halvorsen Maritime Group’s CEO at the Bank of England.")
+    sentence = "Yesterday Li Hua met the Halvorsen Maritime Group’s CEO at the Bank of England."
+    keywords = sentence_keywords(sentence)
     assert {"li hua", "halvorsen maritime group", "bank of england"} <= keywords
     assert "yesterday li hua" not in keywords and "halvorsen maritime group ceo" not in keywords
     assert {"li", "hua", "halvorsen", "ceo"} <= keywords
@@ -44,7 +45,8 @@ def test_phrases_do_not_cross_punctuation_or_start_with_a_common_first_word():
 def test_sentences_split_at_line_breaks_and_end_marks_but_not_abbreviations():
     text = "Dr. Lee signed it. Did Adam agree?\n  Yes!   Then e.g. more follows"
     spans = split_sentences(text)
-    assert [text[s:e] for s, e in spans] == ["Dr. Lee signed it.", "Did Adam agree?", "Yes!", "Then e.g. more follows"]
+    expected = ["Dr. Lee signed it.", "Did Adam agree?", "Yes!", "Then e.g. more follows"]
+    assert [text[s:e] for s, e in spans] == expected
     assert split_sentences("  ...  \n\n") == []
 
 
@@ -76,8 +78,9 @@ def test_keyword_vector_is_the_mean_of_its_distinct_sentences():
     assert stats["keyword"].to_list() == ["bergen", "cold", "oslo", "wet"]
     assert stats["sentence_count"].to_list() == [1, 1, 1, 1]  # the repeated sentence counts once
     index = add_keyword_stats(empty_keyword_index(2), stats)
-    both = add_keyword_stats(index, keyword_stats(extract_keywords([("d1", "Oslo is wet.")]).occurrences, [[0.6, 0.8]]))
-    means = dict(zip(keyword_vectors(both)["keyword"], keyword_vectors(both)["vector"].to_numpy().tolist()))
+    other = keyword_stats(extract_keywords([("d1", "Oslo is wet.")]).occurrences, [[0.6, 0.8]])
+    vectors = keyword_vectors(add_keyword_stats(index, other))
+    means = dict(zip(vectors["keyword"], vectors["vector"].to_numpy().tolist()))
     np.testing.assert_allclose(means["oslo"], [0.8, 0.4], atol=1e-6)
     np.testing.assert_allclose(means["bergen"], [0.0, 1.0])
 

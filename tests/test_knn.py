@@ -40,12 +40,15 @@ def brute_force_semantic(ids: np.ndarray, vectors: np.ndarray, k: int) -> dict[s
     sims = vectors.astype(np.float64) @ vectors.astype(np.float64).T
     result = {}
     for i, chunk in enumerate(ids):
-        ranked = sorted((j for j in range(len(ids)) if j != i and sims[i, j] > 0), key=lambda j: (-sims[i, j], ids[j]))
+        candidates = [j for j in range(len(ids)) if j != i and sims[i, j] > 0]
+        ranked = sorted(candidates, key=lambda j: (-sims[i, j], ids[j]))
         result[chunk] = [ids[j] for j in ranked[:k]]
     return result
 
 
-def brute_force_lexical(ids: np.ndarray, words: list[list[str]], k: int, max_df: int) -> dict[str, list[tuple[str, float]]]:
+def brute_force_lexical(
+    ids: np.ndarray, words: list[list[str]], k: int, max_df: int
+) -> dict[str, list[tuple[str, float]]]:
     sets = [set(w) for w in words]
     df: dict[str, int] = {}
     for chunk_words in sets:
@@ -177,6 +180,15 @@ def test_edges_are_undirected_and_keep_the_larger_direction():
     }
     assert dict(zip(zip(edges["src"], edges["dst"]), edges["weight"])) == directed
     assert set(edges["kind"]) == {"semantic"}
+
+
+def test_edge_weight_is_the_larger_of_two_unequal_directions():
+    state = pl.DataFrame(
+        {"chunk_id": ["a", "b"], "neighbor_id": ["b", "a"], "kind": ["lexical"] * 2, "sim": [0.5, 0.7], "rank": [0, 0]},
+        schema=knn.STATE_SCHEMA,
+    )
+    graph = lexical_knn(["a", "b"], [["x"], ["x"]], k=2, state=state)
+    assert graph.edges().rows() == [("a", "b", "lexical", 0.7)]
 
 
 def test_state_round_trips_through_parquet_and_keeps_updating(tmp_path):

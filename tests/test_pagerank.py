@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import networkx as nx
 import numpy as np
+import polars as pl
 import pytest
 
 from lexgraph.pagerank import pagerank
@@ -45,6 +46,13 @@ def test_unweighted_edges_and_integer_node_ids():
     scores = pagerank(nodes, [10, 10, 10], [20, 30, 40])
     expected = reference(nodes, [(10, 20, 1.0), (10, 30, 1.0), (10, 40, 1.0)])  # type: ignore[list-item]
     np.testing.assert_allclose(scores, expected, atol=1e-9)
+
+
+def test_accepts_polars_columns_of_an_edge_frame():
+    frame = pl.DataFrame(EDGES, schema=["src", "dst", "weight"], orient="row")
+    nodes = pl.Series(["a", "b", "c", "d", "e"])
+    scores = pagerank(nodes, frame["src"], frame["dst"], frame["weight"])
+    np.testing.assert_allclose(scores, reference(nodes.to_list(), EDGES), atol=1e-9)
 
 
 def test_repeated_edges_add_their_weights():

@@ -1,0 +1,205 @@
+"""Corpus-wide KET-RAG indexing kept current incrementally: chunk KNN graph, PageRank, β-skeleton,
+and the keyword index. State lives as Parquet under the index version's `corpus/` folder, so each
+update starts from the previous one and touches only what added or removed chunks affect.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from lexgraph import keywords as kw
+from lexgraph.extract_store import ExtractStore
+from lexgraph.knn import DEFAULT_K, KnnGraph, KnnUpdate, lexical_knn, semantic_knn
+from lexgraph.pagerank import pagerank
+from lexgraph.pipeline import KEYWORD_STATS, KEYWORDS
+from lexgraph.skeleton import SelectionDiff, select_skeleton, selection_diff, skeleton_size
+
+DEFAULT_BETA = 0.8
+# Exact neighbours up to this many chunks (incremental == rebuild); HNSW candidates beyond it.
+EXACT_KNN_LIMIT = 20_000
+
+
+def knn_mode(requested: str, n_chunks: int) -> str:
+    if requested not in ("auto", "exact", "approx"):
+        raise ValueError(f"knn mode must be auto, exact or approx, got {requested!r}")
+    if requested != "auto":
+        return requested
+    return "exact" if n_chunks <= EXACT_KNN_LIMIT else "approx"
+
+
+class CorpusFiles:
+    """Paths of the corpus-wide state of one index version."""
+
+    def __init__(self, index_dir: str | Path):
+        self.root = Path(index_dir) / "corpus"
+        self.knn_corpus = self.root / "knn_corpus.parquet"  # chunk_id, doc_id, vector, words
+        self.knn_state = self.root / "knn_state.parquet"  # directed top-K lists, both kinds
+        self.edges = self.root / "knn_edges.parquet"
+        self.pagerank = self.root / "pagerank.parquet"
+        self.skeleton = self.root / "skeleton.parquet"
+        self.skeleton_diff = self.root / "skeleton_diff.json"
+        self.keyword_index = self.root / "keyword_index.parquet"
+        self.keyword_contrib = self.root / "keyword_contrib"  # each document's stats as added
+
+    def write(self, path: Path, frame: pl.DataFrame) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".tmp")
+        frame.write_parquet(partial)
+        partial.replace(path)
+
+
+@dataclass
+class KnnResult:
+    edges: pl.DataFrame
+    chunks: pl.DataFrame  # chunk_id, doc_id of the current corpus
+    semantic: KnnUpdate | None
+    lexical: KnnUpdate | None
+    rebuilt: bool
+
+
+def chunk_words(store: ExtractStore, chunk_ids: pl.Series) -> pl.DataFrame:
+    """Each chunk's distinct keywords (content words and proper-noun phrases), for the lexical kind."""
+    scan = store.scan(KEYWORDS)
+    empty = pl.DataFrame({"chunk_id": chunk_ids}).with_columns(pl.lit([], dtype=pl.List(pl.String)).alias("words"))
+    if scan is None:
+        return empty
+    words = (scan.select("chunk_id", "keyword").unique().group_by("chunk_id")
+             .agg(pl.col("keyword").sort().alias("words")).collect())
+    return (pl.DataFrame({"chunk_id": chunk_ids}).join(words, on="chunk_id", how="left")
+            .with_columns(pl.col("words").fill_null(pl.lit([], dtype=pl.List(pl.String)))))
+
+
+def update_knn(files: CorpusFiles, chunks: pl.DataFrame, vectors: np.ndarray, words: pl.DataFrame,
+               k: int = DEFAULT_K, mode: str = "exact") -> KnnResult:
+    """Bring the KNN graphs from the saved corpus to `chunks` by removing and adding chunks only.
+
+    chunks: chunk_id, doc_id aligned with `vectors` rows and `words` rows.
+    A change of k or mode, or missing state, rebuilds from scratch.
+    """
+    words = chunks.select("chunk_id").join(words, on="chunk_id", how="left")
+    current = chunks.with_columns(pl.Series("vector", vectors, dtype=pl.Array(pl.Float32, vectors.shape[1])),
+                                  words["words"].fill_null(pl.lit([], dtype=pl.List(pl.String))).alias("words"))
+    previous, state, settings = _load_knn(files)
+    if previous is None or settings != {"k": k, "mode": mode}:
+        semantic = semantic_knn(current["chunk_id"].to_list(), vectors, k, mode=mode)
+        lexical = lexical_knn(current["chunk_id"].to_list(), current["words"].to_list(), k)
+        result = KnnResult(pl.DataFrame(), chunks, None, None, rebuilt=True)
+    else:
+        semantic = semantic_knn(previous["chunk_id"].to_list(), _matrix(previous), k, mode=mode, state=state)
+        lexical = lexical_knn(previous["chunk_id"].to_list(), previous["words"].to_list(), k, state=state)
+        gone = previous.join(current, on="chunk_id", how="anti")["chunk_id"].to_list()
+        new = current.join(previous, on="chunk_id", how="anti")
+        sem_updates = [semantic.remove(gone)] if gone else []
+        lex_updates = [lexical.remove(gone)] if gone else []
+        if new.height:
+            sem_updates.append(semantic.add(new["chunk_id"].to_list(), _matrix(new)))
+            lex_updates.append(lexical.add(new["chunk_id"].to_list(), new["words"].to_list()))
+        result = KnnResult(pl.DataFrame(), chunks, _merge(sem_updates), _merge(lex_updates), rebuilt=False)
+    result.edges = pl.concat([semantic.edges(), lexical.edges()])
+    _save_knn(files, current, semantic, lexical, {"k": k, "mode": mode})
+    files.write(files.edges, result.edges)
+    return result
+
+
+def _matrix(frame: pl.DataFrame) -> np.ndarray:
+    return frame["vector"].to_numpy().astype(np.float32, copy=False)
+
+
+def _merge(updates: list[KnnUpdate]) -> KnnUpdate:
+    return KnnUpdate(*(sum(getattr(u, name) for u in updates) for name in ("added", "removed", "recomputed", "changed")))
+
+
+def _load_knn(files: CorpusFiles) -> tuple[pl.DataFrame | None, pl.DataFrame | None, dict]:
+    if not (files.knn_corpus.exists() and files.knn_state.exists()):
+        return None, None, {}
+    state = pl.read_parquet(files.knn_state)
+    corpus = pl.read_parquet(files.knn_corpus)
+    settings = json.loads(corpus.select(pl.col("settings").first()).item()) if corpus.height else {}
+    return corpus.drop("settings"), state, settings
+
+
+def _save_knn(files: CorpusFiles, current: pl.DataFrame, semantic: KnnGraph, lexical: KnnGraph, settings: dict) -> None:
+    files.write(files.knn_state, pl.concat([semantic.state_frame(), lexical.state_frame()]))
+    files.write(files.knn_corpus, current.with_columns(pl.lit(json.dumps(settings)).alias("settings")))
+
+
+def compute_pagerank(files: CorpusFiles, chunks: pl.DataFrame, edges: pl.DataFrame) -> pl.DataFrame:
+    """PageRank over both kinds of similarity edge; chunk_id, doc_id, pagerank."""
+    scores = pagerank(chunks["chunk_id"], edges["src"], edges["dst"], edges["weight"])
+    frame = chunks.select("chunk_id", "doc_id").with_columns(pl.Series("pagerank", scores))
+    files.write(files.pagerank, frame)
+    return frame
+
+
+@dataclass
+class SkeletonResult:
+    selection: pl.DataFrame  # chunk_id, doc_id, pagerank, selected
+    diff: SelectionDiff
+    size: int
+    coverage: pl.DataFrame = field(default_factory=pl.DataFrame)  # per document: chunks, selected, share
+
+
+def select(files: CorpusFiles, ranks: pl.DataFrame, beta: float = DEFAULT_BETA) -> SkeletonResult:
+    """Top ⌊β·n⌋ chunks by PageRank, and the diff against the previous selection (saved for re-extraction)."""
+    chosen = set(select_skeleton(ranks["chunk_id"].to_numpy(), ranks["pagerank"].to_numpy(), beta).tolist())
+    previous = (pl.read_parquet(files.skeleton).filter("selected")["chunk_id"].to_list()
+                if files.skeleton.exists() else [])
+    selection = ranks.with_columns(pl.col("chunk_id").is_in(list(chosen)).alias("selected"))
+    diff = selection_diff(previous, chosen, dict(zip(ranks["chunk_id"], ranks["doc_id"])))
+    files.write(files.skeleton, selection)
+    files.skeleton_diff.write_text(json.dumps({"beta": beta, **diff.to_dict()}, indent=1))
+    coverage = (selection.group_by("doc_id").agg(pl.len().alias("chunks"), pl.col("selected").sum().alias("selected"))
+                .with_columns((pl.col("selected") / pl.col("chunks")).alias("share")).sort("doc_id"))
+    return SkeletonResult(selection, diff, skeleton_size(ranks.height, beta), coverage)
+
+
+def read_selection_diff(files: CorpusFiles) -> dict:
+    """The last published selection diff, for downstream re-extraction."""
+    return json.loads(files.skeleton_diff.read_text()) if files.skeleton_diff.exists() else {}
+
+
+@dataclass
+class KeywordIndexResult:
+    index: pl.DataFrame  # keyword, vector_sum, sentence_count
+    added: list[str]
+    removed: list[str]
+    updated: list[str]
+
+
+def update_keyword_index(files: CorpusFiles, store: ExtractStore, doc_ids: list[str], dimension: int) -> KeywordIndexResult:
+    """Add the stats of new or changed documents and subtract those of changed or removed ones.
+
+    Each document's stats are kept as they were added (keyword_contrib/), so a removed document
+    can be subtracted after its own files are gone.
+    """
+    index = pl.read_parquet(files.keyword_index) if files.keyword_index.exists() else kw.empty_keyword_index(dimension)
+    files.keyword_contrib.mkdir(parents=True, exist_ok=True)
+    contributed = {p.stem: p for p in files.keyword_contrib.glob("*.parquet")}
+    current = set(doc_ids) & set(store.doc_ids(KEYWORD_STATS))
+    added, removed, updated = [], [], []
+    for doc_id in sorted(set(contributed) | current):
+        old = pl.read_parquet(contributed[doc_id]) if doc_id in contributed else None
+        new = store.read(KEYWORD_STATS, doc_id) if doc_id in current else None
+        if old is not None and new is not None and old.equals(new):
+            continue
+        if old is not None:
+            index = kw.subtract_keyword_stats(index, old)
+        if new is not None:
+            index = kw.add_keyword_stats(index, new)
+            files.write(files.keyword_contrib / f"{doc_id}.parquet", new)
+        else:
+            contributed[doc_id].unlink()
+        (updated if old is not None and new is not None else added if new is not None else removed).append(doc_id)
+    files.write(files.keyword_index, index)
+    return KeywordIndexResult(index, added, removed, updated)
+
+
+def keyword_chunk_links(store: ExtractStore, doc_ids: list[str]) -> pl.DataFrame:
+    """keyword→chunk edges of the given documents (keyword, chunk_id, sentence_count)."""
+    frames = [kw.keyword_chunk_edges(store.read(KEYWORDS, d)) for d in doc_ids if store.exists(KEYWORDS, d)]
+    return pl.concat(frames) if frames else pl.DataFrame(
+        schema={"keyword": pl.String, "chunk_id": pl.String, "sentence_count": pl.Int32})
