@@ -1,0 +1,101 @@
+"""Corpus-wide KET-RAG assets through Dagster: incremental add and remove, β settings, lineage."""
+import json
+
+import dagster as dg
+import polars as pl
+import pytest
+
+from lexgraph.corpus_index import CorpusFiles
+from lexgraph.settings import Settings
+from orchestration.definitions import build_definitions
+from orchestration.runner import ingest_folder
+from tests.helpers import graph_counts, materialized_partitions, stores
+
+GRAPH_TABLES = ("Chunk", "SIMILAR", "Keyword", "KEYWORD_IN")
+
+
+def _corpus_metadata(instance, asset):
+    record = instance.fetch_materializations(dg.AssetKey(asset), limit=1).records[0]
+    return {k: v.value for k, v in record.asset_materialization.metadata.items()}
+
+
+def _dangling(home):
+    from lexgraph.graph_store import GraphStore
+
+    graph = GraphStore(Settings(home=home).graph_path)
+    try:
+        no_chunk_keywords = graph.query("MATCH (k:Keyword) WHERE NOT EXISTS { MATCH (k)-[:KEYWORD_IN]->(:Chunk) } "
+                                        "RETURN count(k) AS n")["n"][0]
+        lonely = graph.query("MATCH (c:Chunk) WHERE NOT EXISTS { MATCH (c)-[:SIMILAR]-(:Chunk) } "
+                             "RETURN count(c) AS n")["n"][0]
+        return int(no_chunk_keywords), int(lonely)
+    finally:
+        graph.close()
+
+
+def test_skeleton_builds_and_updates_incrementally(tiny_corpus, home, instance):
+    ingest_folder(tiny_corpus, instance, home=str(home), progress=False)
+    files = CorpusFiles(Settings(home=home).index_dir)
+    vectors, _ = stores(home)
+    n = vectors.count("chunks")
+    selection = pl.read_parquet(files.skeleton)
+    assert selection["selected"].sum() == int(0.8 * n)
+    assert abs(pl.read_parquet(files.pagerank)["pagerank"].sum() - 1) < 1e-9
+    knn_meta = _corpus_metadata(instance, "chunk_knn_graph")
+    assert knn_meta["rebuilt"] is True
+    assert _dangling(home) == (0, 0)
+    lance_chunks = pl.from_arrow(vectors.db.open_table("chunks").to_arrow().select(["chunk_id", "pagerank", "in_skeleton"]))
+    assert lance_chunks["in_skeleton"].sum() == int(0.8 * n) and lance_chunks["pagerank"].min() > 0
+
+    # Adding a document: no other document's per-document assets run again.
+    before = {a: materialized_partitions(instance, a) for a in ("source_document", "document_chunks",
+                                                                  "chunk_vectors", "document_keywords")}
+    (tiny_corpus / "epsilon.md").write_text("# Epsilon\n\nEpsilon Freight leased two vessels from Alpha Shipping "
+                                            "in Bergen under contract C-7.\n")
+    ingest_folder(tiny_corpus, instance, home=str(home), progress=False)
+    for asset, keys in before.items():
+        added = materialized_partitions(instance, asset)[len(keys):]
+        assert len(added) == 1 and added[0].startswith("epsilon.md-"), (asset, added)
+    knn_meta = _corpus_metadata(instance, "chunk_knn_graph")
+    assert knn_meta["rebuilt"] is False
+    assert knn_meta["semantic_update"]["added"] == 1 and knn_meta["semantic_update"]["removed"] == 0
+    diff = json.loads(files.skeleton_diff.read_text())
+    assert set(diff) >= {"newly_selected", "deselected", "documents", "beta"}
+    assert all(d in vectors.sources()["doc_id"].to_list() for d in diff["documents"])
+    assert pl.read_parquet(files.skeleton)["selected"].sum() == int(0.8 * (n + 1))
+    keyword_meta = _corpus_metadata(instance, "keyword_index")
+    assert (keyword_meta["documents_added"], keyword_meta["documents_removed"]) == (1, 0)
+
+
+def test_removing_a_document_leaves_no_dangling_edges_or_keywords(tiny_corpus, home, instance):
+    ingest_folder(tiny_corpus, instance, home=str(home), progress=False)
+    files = CorpusFiles(Settings(home=home).index_dir)
+    keywords_before = set(pl.read_parquet(files.keyword_index)["keyword"].to_list())
+    assert "kiel" in keywords_before  # only beta.txt mentions Kiel
+    (tiny_corpus / "beta.txt").unlink()
+    ingest_folder(tiny_corpus, instance, home=str(home), prune=True, progress=False)
+    keywords_after = set(pl.read_parquet(files.keyword_index)["keyword"].to_list())
+    assert "kiel" not in keywords_after and "alpha shipping" in keywords_after
+    edges = pl.read_parquet(files.edges)
+    chunk_ids = set(stores(home)[0].chunk_vectors()[0]["chunk_id"].to_list())
+    assert set(edges["src"]) | set(edges["dst"]) <= chunk_ids
+    assert _dangling(home) == (0, 0)
+    assert _corpus_metadata(instance, "keyword_index")["documents_removed"] == 1
+    assert _corpus_metadata(instance, "chunk_knn_graph")["semantic_update"]["removed"] >= 1
+
+
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_beta_extremes(tiny_corpus, home, instance, beta):
+    ingest_folder(tiny_corpus, instance, home=str(home), progress=False, corpus=False)
+    from assets.skeleton import corpus_assets
+    from resources import IndexResource
+
+    defs = build_definitions(str(tiny_corpus), str(home))
+    resources = {**defs.resources, "index": IndexResource(home=str(home), beta=beta)}
+    result = dg.materialize(corpus_assets, instance=instance, resources=resources)
+    assert result.success
+    n = stores(home)[0].count("chunks")
+    selection = pl.read_parquet(CorpusFiles(Settings(home=home).index_dir).skeleton)
+    assert selection["selected"].sum() == (0 if beta == 0 else n)
+    checks = [e.event_specific_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+    assert len(checks) == 4 and all(c.passed for c in checks)
