@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -14,19 +13,16 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    # The orchestration layer is imported here only: the engine and the query commands run without Dagster.
-    import dagster as dg
-
-    from orchestration.runner import ingest_folder
+    # Ingestion goes through the Dagster asset graph, so the orchestration layer is imported here
+    # only: the engine and the query commands run without Dagster installed.
+    from orchestration.runner import ingest_with_default_instance
 
     path = Path(args.path)
     if not path.is_dir():
         print(f"error: {path}: not a folder of documents", file=sys.stderr)
         return 2
-    home = str(_settings(args).home)
-    instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral()
-    with instance:
-        report = ingest_folder(path, instance, home=home, prune=args.prune, progress=not args.quiet)
+    report = ingest_with_default_instance(path, home=str(_settings(args).home), prune=args.prune,
+                                          progress=not args.quiet)
     print(f"ingested {path}: {report.new} new, {report.changed} changed, {report.unchanged} unchanged, "
           f"{report.removed} removed, {len(report.failed)} failed, in {len(report.runs)} Dagster run(s)")
     for problem in sorted(report.failed.values()):

@@ -1,6 +1,7 @@
 """In-process ingestion through the real asset graph, for the CLI and benchmarks."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,6 +69,13 @@ def _quiet(progress: bool, run_config: dict | None = None) -> dict:
     if progress:
         run_config["loggers"] = {"console": {"config": {"log_level": "CRITICAL"}}}
     return run_config
+
+
+def ingest_with_default_instance(folder: str | Path, **options) -> IngestReport:
+    """The instance in $DAGSTER_HOME when set (runs then show in `make dev`), else an ephemeral one."""
+    instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral()
+    with instance:
+        return ingest_folder(folder, instance, **options)
 
 
 def _failures(result: dg.ExecuteInProcessResult) -> dict[str, str]:
