@@ -8,7 +8,7 @@ export LEXGRAPH_HOME ?= $(CURDIR)/.lexgraph
 export HF_HUB_OFFLINE := 1
 SHARED ?= ../shared
 
-.PHONY: install demo test dev bench-ingest clean
+.PHONY: install demo test dev bench bench-ingest bench-scale bench-incremental clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
@@ -37,6 +37,12 @@ dev: $(STAMP)
 
 bench-ingest: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_ingest --corpus $(SHARED)/datasets/lihua-world/LiHuaWorld.zip
+
+bench-scale: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_scale
+
+bench-incremental: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_incremental --corpus $(SHARED)/datasets/lihua-world/LiHuaWorld.zip
 
 clean:
 	rm -rf .lexgraph .dagster_home
