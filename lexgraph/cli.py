@@ -31,6 +31,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    import polars as pl
+
+    from lexgraph.corpus_index import CorpusFiles
     from lexgraph.graph_store import GraphStore
     from lexgraph.vector_store import VectorStore
 
@@ -45,6 +48,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("  kuzu " + "  ".join(f"{t}: {n}" for t, n in counts.items()))
     except RuntimeError as error:
         print(f"  kuzu: not readable now ({error}); a writer may hold it")
+    skeleton = CorpusFiles(settings.index_dir).skeleton
+    if skeleton.exists():
+        selected = pl.read_parquet(skeleton)["selected"]
+        print(f"  skeleton: {int(selected.sum())} of {selected.len()} chunks selected for extraction")
     catalog = vectors.sources()
     if catalog.height:
         print(f"  {'document':<48} {'chunks':>6}  path")
@@ -92,7 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # output piped into `head` and the like
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -186,9 +186,10 @@ def ingest_directly(paths: dict[str, Path], root: Path, settings: Settings, embe
     sources = load_sources(paths, root, store, settings.index_version)
     chunks = chunk_documents(sources.done, store, embedder, settings.chunk_tokens)
     embedded = embed_documents(chunks.done, store, embedder, vectors)
+    keywords = extract_document_keywords(chunks.done, store, embedder)
     with GraphStore.writer(settings.graph_path) as graph:
         graph_result = load_graph(embedded.done, store, graph, vectors)
-    return {"sources": sources, "chunks": chunks, "vectors": embedded, "graph": graph_result}
+    return {"sources": sources, "chunks": chunks, "vectors": embedded, "keywords": keywords, "graph": graph_result}
 
 
 
