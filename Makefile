@@ -10,19 +10,22 @@ SHARED ?= ../shared
 
 .PHONY: install demo test dev bench bench-ingest bench-scale bench-incremental clean
 
+# torch is installed first and pinned: the local CPU build; an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# torch first, pinned: the CPU build; an unpinned torch pulls a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
-demo: $(STAMP)
+$(DAGSTER_HOME)/dagster.yaml: orchestration/dagster.yaml
 	mkdir -p $(DAGSTER_HOME)
+	cp orchestration/dagster.yaml $@
+
+demo: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/lexgraph ingest sample/corpus
 	$(BIN)/lexgraph status
 	$(BIN)/lexgraph search "Who is the CEO of the engine supplier Kestrel?" -k 3
@@ -30,9 +33,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/pytest -q
 
-dev: $(STAMP)
-	mkdir -p $(DAGSTER_HOME)
-	cp -n orchestration/dagster.yaml $(DAGSTER_HOME)/dagster.yaml || true
+dev: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 	LEXGRAPH_INBOX=$${LEXGRAPH_INBOX:-sample/corpus} $(BIN)/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
 bench-ingest: $(STAMP)

@@ -54,9 +54,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  skeleton: {int(selected.sum())} of {selected.len()} chunks selected for extraction")
     catalog = vectors.sources()
     if catalog.height:
-        print(f"  {'document':<48} {'chunks':>6}  path")
+        print(f"  {'document':<56} {'chunks':>6}  path")
         for row in catalog.sort("relative_path").iter_rows(named=True):
-            print(f"  {row['doc_id']:<48} {row['chunk_count']:>6}  {row['relative_path']}")
+            print(f"  {row['doc_id']:<56} {row['chunk_count']:>6}  {row['relative_path']}")
     return 0
 
 
@@ -78,6 +78,12 @@ def cmd_search(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from lexgraph.bench import command
+
+    return command(args.corpus, args.questions, args.budget, args.k, args.out, args.home, args.methods, args.quiet)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lexgraph", description=__doc__)
     parser.add_argument("--home", help="index folder (default $LEXGRAPH_HOME or .lexgraph)")
@@ -94,6 +100,15 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("text")
     search.add_argument("-k", type=int, default=5)
     search.set_defaults(func=cmd_search)
+    bench = sub.add_parser("bench", help="retrieval benchmark: dense, BM25, keyword and hybrid side by side")
+    bench.add_argument("--corpus", required=True, help="folder of .txt/.md files, a .zip of them, or one text file")
+    bench.add_argument("--questions", required=True, help="JSON questions (LiHua-World object or list of {id, question, answer})")
+    bench.add_argument("--budget", type=int, default=1024, help="context budget in word pieces for answer coverage")
+    bench.add_argument("--k", default="1,3,5,10", help="comma-separated k for evidence recall@k")
+    bench.add_argument("--out", help="report folder (default: beside the cached index)")
+    bench.add_argument("--methods", help="comma-separated subset of dense,bm25,keyword,hybrid")
+    bench.add_argument("--quiet", action="store_true", help="no progress output")
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 

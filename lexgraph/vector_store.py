@@ -1,9 +1,13 @@
 """LanceDB access: the chunk vector table and the catalog of indexed sources."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-import lancedb
+# Lance logs a warning each time a table is first created; that is expected here, not news.
+os.environ.setdefault("LANCE_LOG", "error")
+
+import lancedb  # noqa: E402
 import numpy as np
 import polars as pl
 import pyarrow as pa
