@@ -131,6 +131,16 @@ class VectorStore:
             return pl.DataFrame(schema=pl.from_arrow(SOURCE_SCHEMA.empty_table()).schema)
         return pl.from_arrow(table.to_arrow())
 
+    def vector_dimension(self) -> int | None:
+        """Width of the stored chunk vectors (None before any chunk is stored)."""
+        table = self._table(CHUNKS)
+        return None if table is None else table.schema.field("vector").type.list_size
+
+    def indexed_hashes(self) -> dict[str, str]:
+        """doc_id -> content hash of every document whose load finished: what reconcile compares against."""
+        catalog = self.sources()
+        return dict(zip(catalog["doc_id"].to_list(), catalog["content_hash"].to_list()))
+
     def count(self, name: str, where: str | None = None) -> int:
         table = self._table(name)
         return 0 if table is None else table.count_rows(where)

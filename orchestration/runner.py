@@ -33,8 +33,7 @@ def ingest_folder(folder: str | Path, instance: dg.DagsterInstance, home: str | 
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: not a folder")
     defs = build_definitions(inbox_path=str(folder), home=home)
-    catalog = defs.resources["lancedb"].get().sources()
-    indexed = dict(zip(catalog["doc_id"].to_list(), catalog["content_hash"].to_list()))
+    indexed = defs.resources["lancedb"].get().indexed_hashes()
     files = scan_folder(folder)
     existing = instance.get_dynamic_partitions(documents.name)
     requests = reconcile(files, indexed, existing, purge=prune)

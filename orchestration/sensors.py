@@ -11,11 +11,6 @@ from orchestration.reconcile import ReconcileRequests, partition_requests, recon
 from resources import InboxResource, LanceDBResource
 
 
-def _indexed_hashes(lancedb: LanceDBResource) -> dict[str, str]:
-    catalog = lancedb.get().sources()
-    return dict(zip(catalog["doc_id"].to_list(), catalog["content_hash"].to_list()))
-
-
 @dg.sensor(
     minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING,
     description="Compares inbox files (content hash) with the index catalog; adds partitions and requests "
@@ -25,7 +20,7 @@ def inbox_sensor(context: dg.SensorEvaluationContext, inbox: InboxResource, lanc
     previous = states_from_json(json.loads(context.cursor)) if context.cursor else {}
     files = scan_folder(inbox.root(), previous)
     existing = context.instance.get_dynamic_partitions(documents.name)
-    requests = reconcile(files, _indexed_hashes(lancedb), existing)
+    requests = reconcile(files, lancedb.get().indexed_hashes(), existing)
     plan = requests.plan
     context.log.info(f"inbox: {len(plan.new)} new, {len(plan.changed)} changed, {len(plan.removed)} removed, "
                      f"{len(plan.invalid)} unreadable, {len(plan.unchanged)} unchanged")
@@ -40,7 +35,7 @@ def _scheduled_reconcile(context: dg.ScheduleEvaluationContext, inbox: InboxReso
                          lancedb: LanceDBResource) -> ReconcileRequests:
     """A full re-hash of the inbox (no cursor), as the nightly safety net behind the sensor."""
     existing = context.instance.get_dynamic_partitions(documents.name)
-    return reconcile(scan_folder(inbox.root()), _indexed_hashes(lancedb), existing)
+    return reconcile(scan_folder(inbox.root()), lancedb.get().indexed_hashes(), existing)
 
 
 # A schedule launches only its own job, so removal and ingestion are two schedules on one reconcile.
