@@ -38,7 +38,7 @@ def _instance(kind: str):
 def run_dagster(corpus: Path, home: Path, kind: str) -> tuple[float, int, int]:
     with _instance(kind) as instance:
         start = time.perf_counter()
-        ingest_folder(corpus, instance, home=str(home), progress=False, corpus=False)
+        ingest_folder(corpus, instance, home=str(home), progress=True, corpus=False)  # as the CLI runs it
         elapsed = time.perf_counter() - start
     store = VectorStore(Settings(home=home).lance_uri)
     return elapsed, store.count("sources"), store.count("chunks")
