@@ -27,6 +27,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
           f"{report.removed} removed, {len(report.failed)} failed, in {len(report.runs)} Dagster run(s)")
     for problem in sorted(report.failed.values()):
         print(f"  failed: {problem}")
+    if report.corpus_index_ok is False:
+        print("error: the corpus-wide index update (KNN graph, PageRank, skeleton, keywords) failed; "
+              "see the Dagster run log", file=sys.stderr)
+        return 1
     return 1 if report.failed and args.strict else 0
 
 
