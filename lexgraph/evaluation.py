@@ -29,6 +29,8 @@ _NO_EVIDENCE = {"", "n/a", "na", "none", "null", "-"}
 _TEXT_SUFFIXES = {".txt", ".text", ".md", ".markdown", ".html", ".htm"}
 # Some LiHua-World records carry their field name inside the value ("Answer: Yes").
 _LABEL = re.compile(r"^\s*(question|answer)\s*:\s*", re.IGNORECASE)
+# ...and one evidence id its chat header ("Time: 20260930_16:00"): a leading "word: " label goes.
+_EVIDENCE_LABEL = re.compile(r"^[A-Za-z]+:\s+(?=\S)")
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 QUESTION_TYPES = ("Single", "Multi", "Null")
 
@@ -75,10 +77,11 @@ def _is_punctuation(character: str) -> bool:
 def normalise_evidence_id(value: str) -> str:
     """A document key comparable between evidence ids and file paths.
 
-    The last path component, a text-file extension dropped, ':' dropped (LiHua-World's evidence
-    "20260121_10:00" names the file 20260121_1000.txt), case folded, whitespace collapsed.
+    A leading "label: " dropped ("Time: 20260930_16:00"), then the last path component, a
+    text-file extension dropped, ':' dropped (LiHua-World's evidence "20260121_10:00" names the
+    file 20260121_1000.txt), case folded, whitespace collapsed.
     """
-    name = PurePosixPath(str(value).strip().replace("\\", "/")).name
+    name = PurePosixPath(_EVIDENCE_LABEL.sub("", str(value).strip()).replace("\\", "/")).name
     suffix = PurePosixPath(name).suffix
     if suffix.lower() in _TEXT_SUFFIXES:
         name = name[: -len(suffix)]

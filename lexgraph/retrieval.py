@@ -65,6 +65,7 @@ class RetrievalParams:
     keyword_top: int = 20  # keywords taken by query↔keyword-vector similarity
     keyword_exact_weight: float = 1.0  # weight of a query keyword found verbatim in the vocabulary
     keyword_evidence_weight: float = 0.5  # λ in cos(q, chunk) + λ·evidence/max(evidence)
+    fusion: str = "rrf"  # rrf | score (weighted sum of max-normalised channel scores)
     rrf_k: float = 60.0
     fusion_depth: int = 100  # ranks of each channel that enter the fusion
     fusion_weights: tuple[tuple[str, float], ...] = (("dense", 1.0), ("bm25", 1.0), ("keyword", 1.0))
@@ -288,6 +289,20 @@ def reciprocal_rank_fusion(rankings: Sequence[tuple[np.ndarray, float]], size: i
     return fused
 
 
+def score_fusion(rankings: Sequence[tuple[np.ndarray, float]], size: int, depth: int) -> np.ndarray:
+    """Σ weight · score/max(score) over each channel's top `depth`: keeps how much better a
+    channel's first hit is than its tenth, which rank fusion throws away."""
+    fused = np.zeros(size)
+    for scores, weight in rankings:
+        rows, _ = ranks_of(scores, depth)
+        if len(rows):
+            top, floor = scores[rows[0]], scores[rows[-1]]
+            span = top - floor if top > floor else 1.0
+            fused[rows] += weight * (scores[rows] - floor) / span + weight * 1e-6
+    fused[fused == 0] = -np.inf
+    return fused
+
+
 _CLAUSE_SPLIT = re.compile(r"\b(?:before|after|when|while|and then|once)\b|,\s*and\b", re.IGNORECASE)
 
 
@@ -348,7 +363,10 @@ class Retriever:
                 vectors = self.embed_many(parts)
                 for part, vector in zip(parts, vectors):
                     rankings += [(s, w * p.decompose_weight / len(parts)) for s, w in self._fuse(part, vector)]
-        fused = reciprocal_rank_fusion(rankings, self.index.size, p.rrf_k, p.fusion_depth)
+        if p.fusion == "score":
+            fused = score_fusion(rankings, self.index.size, p.fusion_depth)
+        else:
+            fused = reciprocal_rank_fusion(rankings, self.index.size, p.rrf_k, p.fusion_depth)
         return self._expand(fused)
 
     def embed_many(self, texts: list[str]) -> list[np.ndarray]:

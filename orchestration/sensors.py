@@ -12,7 +12,7 @@ from resources import InboxResource, LanceDBResource
 
 
 @dg.sensor(
-    minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING,
+    jobs=[ingest_documents, purge_documents], minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING,
     description="Compares inbox files (content hash) with the index catalog; adds partitions and requests "
     "batched ingestion for new and changed files, and a purge for removed ones.",
 )

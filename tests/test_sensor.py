@@ -9,8 +9,10 @@ from orchestration.sensors import inbox_sensor, nightly_ingest, nightly_purge
 
 
 def _evaluate(defs, instance, cursor=None):
-    with dg.build_sensor_context(instance=instance, cursor=cursor, resources=defs.resources) as context:
-        return inbox_sensor(context)
+    """evaluate_tick resolves the requests against the sensor's targets, as the daemon does."""
+    with dg.build_sensor_context(instance=instance, cursor=cursor, resources=defs.resources,
+                                 repository_def=defs.get_repository_def()) as context:
+        return inbox_sensor.evaluate_tick(context)
 
 
 def _execute(defs, instance, result):
