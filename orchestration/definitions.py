@@ -19,6 +19,9 @@ def build_definitions(inbox_path: str | None = None, home: str | None = None) ->
         jobs=[ingest_documents, purge_documents, build_corpus_index],
         sensors=[inbox_sensor, corpus_index_after_ingest],
         schedules=[nightly_purge, nightly_ingest],
+        # One process per run: the embedding model loads once and every step shares it (the default
+        # multiprocess executor would load it again in each step's process).
+        executor=dg.in_process_executor,
         resources={
             "index": index,
             "inbox": inbox,

@@ -25,6 +25,7 @@ def test_definitions_load_with_assets_checks_sensor_and_schedules():
         else:  # corpus-wide assets are unpartitioned and never upstream of a partitioned one
             assert node.group_name == "skeleton" and node.partitions_def is None
             assert all(repo.asset_graph.get(c).partitions_def is None for c in node.child_keys)
+    assert repo.get_job("ingest_documents").executor_def.name == "in_process"
     for writer in ("document_graph", "chunk_knn_graph", "skeleton_selection", "keyword_index"):
         assert repo.asset_graph.get(dg.AssetKey(writer)).pools == {"kuzu_writer"}
 
