@@ -41,8 +41,10 @@ def chunk_knn_graph(context: dg.AssetExecutionContext, index: IndexResource, lan
     store, files = index.extract_store(), index.corpus_files()
     store_vectors = lancedb.get()
     chunks, vectors = store_vectors.chunk_vectors()
-    loaded = chunks["doc_id"].is_in(store_vectors.sources()["doc_id"].to_list()).to_numpy() if chunks.height else []
-    chunks, vectors = chunks.filter(pl.Series(loaded)), vectors[loaded]  # only documents whose graph load finished
+    if chunks.height == 0:
+        raise dg.Failure("no chunks are indexed yet; ingest documents first")
+    loaded = chunks["doc_id"].is_in(store_vectors.sources()["doc_id"].to_list())
+    chunks, vectors = chunks.filter(loaded), vectors[loaded.to_numpy()]  # only documents whose graph load finished
     if chunks.height == 0:
         raise dg.Failure("no chunks are indexed yet; ingest documents first")
     words = ci.chunk_words(store, chunks["chunk_id"])

@@ -24,7 +24,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     report = ingest_with_default_instance(path, home=str(_settings(args).home), prune=args.prune,
                                           progress=not args.quiet)
     print(f"ingested {path}: {report.new} new, {report.changed} changed, {report.unchanged} unchanged, "
-          f"{report.removed} removed, {len(report.failed)} failed, in {len(report.runs)} Dagster run(s)")
+          f"{report.removed} removed, {len(report.failed)} failed, in {len(report.runs)} Dagster run(s)"
+          + (" and a corpus index update" if report.corpus_run else ""))
     for problem in sorted(report.failed.values()):
         print(f"  failed: {problem}")
     if report.corpus_index_ok is False:

@@ -21,19 +21,21 @@ class IngestReport:
     unchanged: int = 0
     removed: int = 0
     failed: dict[str, str] = field(default_factory=dict)  # doc_id -> "path: problem"
-    runs: list[str] = field(default_factory=list)
-    corpus_index_ok: bool | None = None  # None: the corpus index had nothing to update
+    runs: list[str] = field(default_factory=list)  # ingestion and purge runs
+    corpus_run: str | None = None  # the corpus index update, run only when the catalog changed
+    corpus_index_ok: bool | None = None
 
 
 def ingest_folder(folder: str | Path, instance: dg.DagsterInstance, home: str | None = None,
                   prune: bool = False, progress: bool = True, corpus: bool = True) -> IngestReport:
     """Index new and changed files under folder; with prune, also purge documents no longer there.
-    With corpus, the corpus-wide KET-RAG assets are then updated once (if anything ran)."""
+    With corpus, the corpus-wide KET-RAG assets are then updated once, if the indexed set changed."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: not a folder")
     defs = build_definitions(inbox_path=str(folder), home=home)
-    indexed = defs.resources["lancedb"].get().indexed_hashes()
+    vectors = defs.resources["lancedb"].get()
+    indexed = vectors.indexed_hashes()
     files = scan_folder(folder)
     existing = instance.get_dynamic_partitions(documents.name)
     requests = reconcile(files, indexed, existing, purge=prune)
@@ -54,10 +56,10 @@ def ingest_folder(folder: str | Path, instance: dg.DagsterInstance, home: str | 
             report.failed.update(_failures(result))
             bar.update(int(request.tags["lexgraph/documents"]))
     report.failed.update({k: v for k, v in plan.invalid.items() if k not in report.failed})
-    if requests.run_requests and corpus:
+    if corpus and vectors.indexed_hashes() != indexed:
         result = defs.resolve_job_def("build_corpus_index").execute_in_process(
             instance=instance, run_config=_quiet(progress), raise_on_error=False)
-        report.runs.append(result.run_id)
+        report.corpus_run = result.run_id
         report.corpus_index_ok = result.success
     return report
 
