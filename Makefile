@@ -36,6 +36,9 @@ test: $(STAMP)
 dev: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 	LEXGRAPH_INBOX=$${LEXGRAPH_INBOX:-sample/corpus} $(BIN)/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
+bench: $(STAMP)
+	$(BIN)/lexgraph bench --corpus $(SHARED)/datasets/lihua-world/LiHuaWorld.zip --questions $(SHARED)/datasets/lihua-world/questions.dev.json
+
 bench-ingest: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_ingest --corpus $(SHARED)/datasets/lihua-world/LiHuaWorld.zip
 

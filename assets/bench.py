@@ -16,6 +16,7 @@ GROUP = "evaluation"
 DEFAULT_QUESTIONS = "sample/questions.json"
 # Per-document assets whose materializations record the embedding tokens they spent.
 EMBEDDING_ASSETS = ("chunk_vectors", "document_keywords")
+PAGE = 10_000  # the most event records Dagster returns at once
 
 
 class RetrievalBenchmarkConfig(dg.Config):
@@ -31,11 +32,14 @@ def _embedding_tokens(instance: dg.DagsterInstance) -> int:
     total = 0
     for asset in EMBEDDING_ASSETS:
         per_run: dict[str, int] = {}
-        records = instance.fetch_materializations(dg.AssetKey(asset), limit=100_000).records
-        for record in records:
-            entry = record.asset_materialization.metadata.get("embedding_tokens")
-            if entry is not None:
-                per_run[record.run_id] = int(entry.value)
+        cursor, more = None, True
+        while more:
+            page = instance.fetch_materializations(dg.AssetKey(asset), limit=PAGE, cursor=cursor)
+            for record in page.records:
+                entry = record.asset_materialization.metadata.get("embedding_tokens")
+                if entry is not None:
+                    per_run[record.run_id] = int(entry.value)
+            cursor, more = page.cursor, page.has_more
         total += sum(per_run.values())
     return total
 
@@ -51,11 +55,12 @@ def retrieval_benchmark(context: dg.AssetExecutionContext, config: RetrievalBenc
                         index: IndexResource, inbox: InboxResource) -> dg.MaterializeResult:
     questions = config.questions or os.environ.get("LEXGRAPH_QUESTIONS", DEFAULT_QUESTIONS)
     settings = index.settings()
+    tokens = _embedding_tokens(context.instance)  # 0 when this instance never ran the ingestion
     try:
         report = bench.evaluate_index(
             settings, questions, config.budget, config.ks, config.out_dir or None,
             corpus_info={"path": str(inbox.root()), "kind": "inbox", "index_dir": str(settings.index_dir)},
-            cost={"embedding_tokens": _embedding_tokens(context.instance)})
+            cost={"embedding_tokens": tokens} if tokens else None)
     except (bench.BenchError, ValueError) as error:
         raise dg.Failure(description=str(error)) from None
     data, out = report.data, Path(report.out_dir)

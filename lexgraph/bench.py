@@ -10,6 +10,7 @@ the cache), or one large text file, split into parts as :func:`split_text_file` 
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -177,28 +178,53 @@ class IndexBuild:
     reused: bool = False
 
 
-def ensure_index(corpus: PreparedCorpus, progress: bool = True) -> tuple[Settings, IndexBuild]:
-    """Index new or changed files through the Dagster asset graph (an ephemeral instance, so the
-    bench never touches the partitions of the user's dev instance); unchanged files cost nothing."""
-    import dagster as dg
+_QUIET_RUN = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
+
+@contextlib.contextmanager
+def _private_dagster_instance():
+    """The orchestration runner records into $DAGSTER_HOME's instance when it is set; the bench's
+    cached index must not add its partitions to the user's dev instance (whose inbox sensor would
+    then plan purges for them), so the variable is hidden and an ephemeral instance is used."""
+    saved = os.environ.pop("DAGSTER_HOME", None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ["DAGSTER_HOME"] = saved
+
+
+def ensure_index(corpus: PreparedCorpus, progress: bool = True) -> tuple[Settings, IndexBuild]:
+    """Index new or changed files through the Dagster asset graph; unchanged files cost nothing.
+    The orchestration layer is imported here only, as the CLI's ingest does: lexgraph itself never
+    imports Dagster. Without progress, the progress bar is swallowed too (Dagster's console log is
+    silenced while a bar is shown)."""
+    import io
+
+    from lexgraph.corpus_index import CorpusFiles
     from lexgraph.embedder import Embedder
+    from lexgraph.vector_store import VectorStore
     from orchestration.definitions import build_definitions
-    from orchestration.runner import ingest_folder
+    from orchestration.runner import ingest_with_default_instance
 
     defs = build_definitions(inbox_path=str(corpus.folder), home=str(corpus.index_home))
     settings = defs.resources["index"].settings()
     embedder = Embedder.shared(settings.embed_model)
     before, start = embedder.stats.tokens, time.perf_counter()
-    with dg.DagsterInstance.ephemeral() as instance:
-        report = ingest_folder(corpus.folder, instance, home=str(corpus.index_home), prune=True, progress=progress)
+    silence = contextlib.nullcontext() if progress else contextlib.redirect_stderr(io.StringIO())
+    with _private_dagster_instance(), silence:
+        report = ingest_with_default_instance(corpus.folder, home=str(corpus.index_home), prune=True, progress=True)
         runs = len(report.runs)
-        from lexgraph.corpus_index import CorpusFiles
-
+        if VectorStore(settings.lance_uri).count("chunks") == 0:
+            problems = "; ".join(sorted(report.failed.values())[:3]) or "no readable text files"
+            raise BenchError(f"{corpus.source}: no document could be indexed ({problems})")
         files = CorpusFiles(settings.index_dir)
         if not (files.keyword_index.exists() and files.pagerank.exists() and files.skeleton.exists()):
-            # A previous run stopped before the corpus assets: finish them now.
-            defs.resolve_job_def("build_corpus_index").execute_in_process(instance=instance, raise_on_error=True)
+            # A previous run stopped before the corpus assets: finish them now (ephemeral instance).
+            result = defs.resolve_job_def("build_corpus_index").execute_in_process(
+                run_config=_QUIET_RUN, raise_on_error=False)
+            if not result.success:
+                raise BenchError(f"{corpus.index_home}: the corpus-wide index (KNN graph, keywords) failed to build")
             runs += 1
     build = IndexBuild(report.new, report.changed, report.unchanged, dict(report.failed),
                        time.perf_counter() - start, embedder.stats.tokens - before, runs,
@@ -243,6 +269,8 @@ def index_size(settings: Settings) -> dict[str, int]:
     sizes: dict[str, int] = {}
     if root.exists():
         for child in sorted(root.iterdir()):
+            if child.name.endswith(".lock"):
+                continue  # the graph writer's lock file, not data
             files = [child] if child.is_file() else [p for p in child.rglob("*") if p.is_file()]
             sizes[child.name] = sum(p.stat().st_size for p in files)
     sizes["total"] = sum(sizes.values())
@@ -282,6 +310,21 @@ def ask(retriever: Retriever, method: str, question: ev.Question, ks: Sequence[i
         ev.ranked_documents(keys, max(ks)),
         {k: ev.evidence_recall(keys, question.evidence, k) for k in ks},
         {k: ev.all_evidence_found(keys, question.evidence, k) for k in ks}, covered)
+
+
+@contextlib.contextmanager
+def single_threaded_torch():
+    """Encode one query at a time on one thread: on a busy 2-core machine, torch's second thread
+    waits for a core and a 20 ms query embedding takes 500 ms. Restored afterwards, since a Dagster
+    run may go on to embed in bulk in the same process."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def run_questions(retriever: Retriever, questions: Sequence[ev.Question], methods: Sequence[str],
@@ -368,9 +411,10 @@ def evaluate_index(settings: Settings, questions_path: str | Path, budget: int =
     index = load_index(settings, params)
     embedder = Embedder.shared(settings.embed_model)
     tokens_before = embedder.stats.tokens
-    retriever = Retriever(index, lambda text: embedder.embed([text])[0], params)
+    retriever = Retriever(index, lambda text: embedder.embed([text])[0], params, embedder.embed)
     started = time.perf_counter()
-    results = run_questions(retriever, questions, methods, ks, budget, progress)
+    with single_threaded_torch():
+        results = run_questions(retriever, questions, methods, ks, budget, progress)
     doc_keys = {ev.document_key(p) for p in index.chunks["source_path"].unique().to_list()}
     missing = unmatched_evidence(questions, doc_keys)
     data = {
@@ -381,7 +425,8 @@ def evaluate_index(settings: Settings, questions_path: str | Path, budget: int =
                       "unmatched_evidence_ids": missing},
         "settings": {"index_version": settings.index_version, "embed_model": settings.embed_model,
                      "chunk_tokens": settings.chunk_tokens, "budget_tokens": budget, "ks": list(ks),
-                     "methods": list(methods), "retrieval": asdict(params), "top_n_chunks": top_n_for(ks, budget)},
+                     "methods": list(methods), "retrieval": asdict(params), "top_n_chunks": top_n_for(ks, budget),
+                     "query_torch_threads": 1},
         "machine": {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count()},
         "index": {"chunks": index.size, "documents": len(doc_keys), "size_bytes": index_size(settings),
                   "cost": {**index_cost_from_store(settings), **(cost or {})},
@@ -424,8 +469,36 @@ def run_bench(corpus: str | Path, questions: str | Path, budget: int = DEFAULT_B
                           build_cost(prepared.home), progress)
 
 
+def parse_params(assignments: Sequence[str] | None) -> RetrievalParams:
+    """RetrievalParams with NAME=VALUE overrides (``decompose=false``, ``fusion=rrf``,
+    ``fusion_weights=dense:0.5,bm25:1,keyword:0``), so every ablation is one reproducible command."""
+    import dataclasses
+
+    params = RetrievalParams()
+    fields = {f.name: getattr(params, f.name) for f in dataclasses.fields(params)}
+    changes: dict = {}
+    for assignment in assignments or []:
+        name, _, raw = assignment.partition("=")
+        name, raw = name.strip(), raw.strip()
+        if name not in fields or not raw:
+            raise BenchError(f"--param {assignment!r}: expected NAME=VALUE with NAME one of {', '.join(fields)}")
+        current = fields[name]
+        try:
+            if isinstance(current, bool):
+                if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError(raw)
+                changes[name] = raw.lower() in ("true", "1", "yes")
+            elif isinstance(current, tuple):
+                changes[name] = tuple((c, float(w)) for c, w in (item.split(":") for item in raw.split(",")))
+            else:
+                changes[name] = type(current)(raw)
+        except ValueError:
+            raise BenchError(f"--param {assignment!r}: {raw!r} is not a valid {type(current).__name__}") from None
+    return dataclasses.replace(params, **changes)
+
+
 def command(corpus: str, questions: str, budget: int, ks: str, out: str | None, home: str | None,
-            methods: str | None = None, quiet: bool = False) -> int:
+            methods: str | None = None, quiet: bool = False, params: Sequence[str] | None = None) -> int:
     """`lexgraph bench`: print the table; exit 2 with a one-line reason on unusable input."""
     try:
         k_values = tuple(int(k) for k in ks.split(",") if k.strip())
@@ -437,7 +510,8 @@ def command(corpus: str, questions: str, budget: int, ks: str, out: str | None, 
         print(f"error: --budget must be a positive number of tokens, got {budget}", file=sys.stderr)
         return 2
     try:
-        report = run_bench(corpus, questions, budget, k_values, out, home, chosen, progress=not quiet)
+        report = run_bench(corpus, questions, budget, k_values, out, home, chosen, parse_params(params),
+                           progress=not quiet)
     except BenchError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

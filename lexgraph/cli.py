@@ -86,7 +86,8 @@ def cmd_search(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from lexgraph.bench import command
 
-    return command(args.corpus, args.questions, args.budget, args.k, args.out, args.home, args.methods, args.quiet)
+    return command(args.corpus, args.questions, args.budget, args.k, args.out, args.home, args.methods, args.quiet,
+                   args.param)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--k", default="1,3,5,10", help="comma-separated k for evidence recall@k")
     bench.add_argument("--out", help="report folder (default: beside the cached index)")
     bench.add_argument("--methods", help="comma-separated subset of dense,bm25,keyword,hybrid")
+    bench.add_argument("--param", action="append", metavar="NAME=VALUE",
+                       help="override a retrieval knob (lexgraph.retrieval.RetrievalParams), e.g. decompose=false")
     bench.add_argument("--quiet", action="store_true", help="no progress output")
     bench.set_defaults(func=cmd_bench)
     return parser

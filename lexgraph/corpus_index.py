@@ -5,6 +5,7 @@ update starts from the previous one and touches only what added or removed chunk
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -176,7 +177,11 @@ def update_keyword_index(files: CorpusFiles, store: ExtractStore, doc_ids: list[
     Each document's stats are kept as they were added (keyword_contrib/), so a removed document
     can be subtracted after its own files are gone.
     """
-    index = pl.read_parquet(files.keyword_index) if files.keyword_index.exists() else kw.empty_keyword_index(dimension)
+    if files.keyword_index.exists():
+        index = pl.read_parquet(files.keyword_index)
+    else:  # contributions without the index they were added to are meaningless: start over
+        shutil.rmtree(files.keyword_contrib, ignore_errors=True)
+        index = kw.empty_keyword_index(dimension)
     files.keyword_contrib.mkdir(parents=True, exist_ok=True)
     contributed = {p.stem: p for p in files.keyword_contrib.glob("*.parquet")}
     current = set(doc_ids) & set(store.doc_ids(KEYWORD_STATS))

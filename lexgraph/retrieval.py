@@ -9,10 +9,8 @@ fusion and graph expansion plain array arithmetic. No Dagster here (DESIGN.md §
 """
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
@@ -56,23 +54,23 @@ class Hit:
 
 @dataclass(frozen=True)
 class RetrievalParams:
-    """Every knob of the channels; the defaults are the values tuned on LiHua-World's dev questions
-    (docs/BENCH_RETRIEVAL.md says how)."""
+    """Every knob of the channels. The defaults were tuned on LiHua-World's dev questions only
+    (docs/BENCH_RETRIEVAL.md has the figures of the alternatives tried)."""
 
-    bm25_k1: float = 1.2
+    bm25_k1: float = 1.2  # Okapi defaults: k1 0.9–2.0 × b 0.4–1.0 moved BM25 recall@5 by ≤ 0.016, no consistent way
     bm25_b: float = 0.75
-    split_camel_case: bool = True
+    split_camel_case: bool = True  # +0.015 Single / +0.056 Multi recall@5 for the hybrid
     keyword_top: int = 20  # keywords taken by query↔keyword-vector similarity
     keyword_exact_weight: float = 1.0  # weight of a query keyword found verbatim in the vocabulary
     keyword_evidence_weight: float = 0.5  # λ in cos(q, chunk) + λ·evidence/max(evidence)
-    fusion: str = "rrf"  # rrf | score (weighted sum of max-normalised channel scores)
+    fusion: str = "score"  # score (weighted sum of min-max-normalised channel scores) | rrf
     rrf_k: float = 60.0
-    fusion_depth: int = 100  # ranks of each channel that enter the fusion
-    fusion_weights: tuple[tuple[str, float], ...] = (("dense", 1.0), ("bm25", 1.0), ("keyword", 1.0))
+    fusion_depth: int = 30  # ranks of each channel that enter the fusion
+    fusion_weights: tuple[tuple[str, float], ...] = (("dense", 0.5), ("bm25", 1.0), ("keyword", 0.5))
     neighbour_weight: float = 0.0  # KNN expansion: share of a hit's score passed to its neighbours
     pagerank_weight: float = 0.0  # prior added to fused scores, in units of the top fused score
-    decompose: bool = False  # also retrieve for sub-questions split at before/after/and
-    decompose_weight: float = 1.0
+    decompose: bool = True  # also retrieve for the clauses of compound questions (sub_queries)
+    decompose_weight: float = 1.0  # the clauses together weigh as much as the whole question
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,12 +301,12 @@ def score_fusion(rankings: Sequence[tuple[np.ndarray, float]], size: int, depth:
     return fused
 
 
-_CLAUSE_SPLIT = re.compile(r"\b(?:before|after|when|while|and then|once)\b|,\s*and\b", re.IGNORECASE)
+_CLAUSE_SPLIT = re.compile(r"\b(?:before|after|when|while|once|and)\b", re.IGNORECASE)
 
 
 def sub_queries(question: str, min_words: int = 3) -> list[str]:
-    """LLM-free decomposition of a compound question into its clauses ("did X before Y?" → X, Y),
-    so that each hop can find its own document. Clauses of fewer than min_words content words are
+    """LLM-free decomposition of a compound question into its clauses, split at before / after /
+    when / while / once / and ("did X before Y?" → X, Y), so that each hop can find its own document. Clauses of fewer than min_words content words are
     dropped; a question with one clause gives []."""
     parts = [p.strip(" ,?.") for p in _CLAUSE_SPLIT.split(question)]
     parts = [p for p in parts if len(tokenize(p, False)) >= min_words]
@@ -317,22 +315,30 @@ def sub_queries(question: str, min_words: int = 3) -> list[str]:
 
 class Retriever:
     """Runs one retrieval method for a query: the query is embedded inside the call, so the
-    measured latency of dense, keyword and hybrid includes the embedding, as a user would see it."""
+    measured latency of dense, keyword and hybrid includes the embedding, as a user would see it.
+    embed_batch, when given, embeds a question and its clauses in one model call."""
 
-    def __init__(self, index: RetrievalIndex, embed: Embed, params: RetrievalParams | None = None):
+    def __init__(self, index: RetrievalIndex, embed: Embed, params: RetrievalParams | None = None,
+                 embed_batch: Callable[[list[str]], np.ndarray] | None = None):
         self.index, self.embed, self.params = index, embed, params or RetrievalParams()
+        self.embed_batch = embed_batch
 
     def scores(self, method: str, query: str) -> np.ndarray:
         if method == "bm25":
             return self._bm25(query)
+        if method == "hybrid":
+            return self._hybrid(query)
+        if method not in METHODS:
+            raise ValueError(f"unknown retrieval method {method!r}; expected one of {', '.join(METHODS)}")
         query_vector = self.embed(query)
         if method == "dense":
             return dense_scores(self.index, query_vector)
-        if method == "keyword":
-            return keyword_scores(self.index, query, query_vector, self.params)
-        if method == "hybrid":
-            return self._hybrid(query, query_vector)
-        raise ValueError(f"unknown retrieval method {method!r}; expected one of {', '.join(METHODS)}")
+        return keyword_scores(self.index, query, query_vector, self.params)
+
+    def embed_many(self, texts: list[str]) -> list[np.ndarray]:
+        if self.embed_batch is not None:
+            return list(self.embed_batch(texts))
+        return [self.embed(t) for t in texts]
 
     def _bm25(self, query: str) -> np.ndarray:
         scores = self.index.bm25.scores(query)
@@ -354,23 +360,18 @@ class Retriever:
         channels = self._channels(query, query_vector)
         return [(channels[name], weight) for name, weight in self.params.fusion_weights if weight]
 
-    def _hybrid(self, query: str, query_vector: np.ndarray) -> np.ndarray:
+    def _hybrid(self, query: str) -> np.ndarray:
         p = self.params
-        rankings = self._fuse(query, query_vector)
-        if p.decompose:
-            parts = sub_queries(query)
-            if parts:
-                vectors = self.embed_many(parts)
-                for part, vector in zip(parts, vectors):
-                    rankings += [(s, w * p.decompose_weight / len(parts)) for s, w in self._fuse(part, vector)]
+        parts = sub_queries(query) if p.decompose else []
+        vectors = self.embed_many([query, *parts])
+        rankings = self._fuse(query, vectors[0])
+        for part, vector in zip(parts, vectors[1:]):
+            rankings += [(s, w * p.decompose_weight / len(parts)) for s, w in self._fuse(part, vector)]
         if p.fusion == "score":
             fused = score_fusion(rankings, self.index.size, p.fusion_depth)
         else:
             fused = reciprocal_rank_fusion(rankings, self.index.size, p.rrf_k, p.fusion_depth)
         return self._expand(fused)
-
-    def embed_many(self, texts: list[str]) -> list[np.ndarray]:
-        return [self.embed(t) for t in texts]
 
     def _expand(self, fused: np.ndarray) -> np.ndarray:
         """Graph channel: pass a share of each hit's fused score to its KNN neighbours, and add a
@@ -411,4 +412,4 @@ def with_params(retriever: Retriever, **changes) -> Retriever:
             index.bm25.k1, index.bm25.b, index.bm25.split_camel_case):
         index = replace(index, bm25=BM25(index.chunks["text"].to_list(), params.bm25_k1, params.bm25_b,
                                          params.split_camel_case))
-    return Retriever(index, retriever.embed, params)
+    return Retriever(index, retriever.embed, params, retriever.embed_batch)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dagster as dg
 
+from assets.bench import retrieval_benchmark
 from assets.documents import document_assets
 from assets.skeleton import corpus_assets, document_keywords
 from orchestration.jobs import build_corpus_index, ingest_documents, purge_documents
@@ -15,7 +16,7 @@ def build_definitions(inbox_path: str | None = None, home: str | None = None) ->
     index = IndexResource(home=home) if home else IndexResource()
     inbox = InboxResource(path=inbox_path) if inbox_path else InboxResource()
     return dg.Definitions(
-        assets=[*document_assets, document_keywords, *corpus_assets],
+        assets=[*document_assets, document_keywords, *corpus_assets, retrieval_benchmark],
         jobs=[ingest_documents, purge_documents, build_corpus_index],
         sensors=[inbox_sensor, corpus_index_after_ingest],
         schedules=[nightly_purge, nightly_ingest],

@@ -1,6 +1,7 @@
 """`lexgraph bench` end to end on the bundled sample corpus: a real Dagster ingest into LanceDB and
 Kùzu, every retrieval method, both question formats, and the cached index reused on a re-run."""
 import json
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -53,13 +54,22 @@ def test_report_has_every_method_and_type(benched):
 
 def test_rerun_reuses_the_index_without_embedding(benched, capsys):
     corpus, home, out = benched
-    code, stdout, _ = _run(capsys, "--home", home, "bench", "--corpus", corpus, "--questions", QUESTIONS,
-                           "--out", out, "--k", "1,5", "--budget", "300", "--methods", "bm25,dense", "--quiet")
-    assert code == 0
+    from lexgraph.corpus_index import CorpusFiles
+    from lexgraph.settings import Settings
+
+    files = CorpusFiles(Settings(home=bench.prepare_corpus(corpus, home).index_home).index_dir)
+    shutil.rmtree(files.root)  # as if the first run had stopped before the corpus-wide assets
+    code, stdout, stderr = _run(capsys, "--home", home, "bench", "--corpus", corpus, "--questions", QUESTIONS,
+                                "--out", out, "--k", "1,5", "--budget", "300", "--methods", "bm25,hybrid",
+                                "--param", "decompose=false", "--param", "fusion_weights=dense:0,bm25:1,keyword:0.5", "--quiet")
+    assert code == 0, stderr
     assert f"0 new, 0 changed, {len(list(corpus.iterdir()))} unchanged" in stdout
     assert "| method | type | n | R@1 | R@5 | all@5 | cov@300 |" in stdout
     data = json.loads((out / "report.json").read_text())
+    assert data["settings"]["retrieval"]["decompose"] is False
+    assert data["settings"]["retrieval"]["fusion_weights"] == [["dense", 0.0], ["bm25", 1.0], ["keyword", 0.5]]
     assert data["index"]["build_this_run"]["embedding_tokens"] == 0
+    assert data["index"]["build_this_run"]["dagster_runs"] == 1 and files.keyword_index.exists()
     assert data["index"]["cost"]["builds"] == 1  # the first build's cost is still reported
 
 
@@ -90,6 +100,9 @@ def test_missing_corpus_and_bad_questions_exit_2(benched, tmp_path, capsys):
     assert code == 2 and f"{bad}: question '0' has no 'answer' string" in err
     code, _, err = _run(capsys, "--home", home, "bench", "--corpus", corpus, "--questions", QUESTIONS, "--k", "a")
     assert code == 2 and "--k must be comma-separated integers" in err
+    code, _, err = _run(capsys, "--home", home, "bench", "--corpus", corpus, "--questions", QUESTIONS,
+                        "--param", "nope=1")
+    assert code == 2 and "expected NAME=VALUE" in err
 
 
 def test_zip_is_extracted_once_and_safely(tmp_path):
@@ -124,3 +137,25 @@ def test_one_large_file_is_split_into_parts(tmp_path):
     assert all(f"Paragraph {i} " in joined for i in range(12))
     prepared = bench.prepare_corpus(big, tmp_path / "cache")
     assert prepared.kind == "file" and len(list(prepared.folder.glob("book-part-*.md"))) == len(bench.split_text_file(big))
+
+
+def test_benchmark_asset_materializes_on_the_indexed_inbox(benched, tmp_path):
+    """The Dagster asset over the same index, with its Markdown table and plot in the metadata."""
+    import dagster as dg
+
+    from assets.bench import retrieval_benchmark
+    from resources import IndexResource, InboxResource
+
+    corpus, home, _ = benched
+    index_home = bench.prepare_corpus(corpus, home).index_home
+    result = dg.materialize(
+        [retrieval_benchmark],
+        resources={"index": IndexResource(home=str(index_home)), "inbox": InboxResource(path=str(corpus))},
+        run_config={"ops": {"retrieval_benchmark": {"config": {"questions": str(QUESTIONS),
+                                                               "out_dir": str(tmp_path / "asset")}}}},
+    )
+    assert result.success
+    metadata = result.asset_materializations_for_node("retrieval_benchmark")[0].metadata
+    assert "| hybrid | Single | 12 |" in metadata["table"].value
+    assert "| bm25 | 5 |" in metadata["recall_at_k"].value
+    assert Path(metadata["recall_plot"].value).exists() and metadata["questions"].value == 22

@@ -9,7 +9,7 @@ def test_definitions_load_with_assets_checks_sensor_and_schedules():
     keys = {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()}
     per_document = {"source_document", "document_chunks", "chunk_vectors", "document_graph", "document_keywords"}
     corpus = {"chunk_knn_graph", "chunk_pagerank", "skeleton_selection", "keyword_index"}
-    assert keys == per_document | corpus
+    assert keys == per_document | corpus | {"retrieval_benchmark"}
     checks = {c.name for c in repo.asset_graph.asset_check_keys}
     assert {"no_empty_chunks", "chunks_within_embedder_limit", "vectors_have_model_dimension",
             "every_chunk_has_a_source", "every_chunk_has_a_neighbour", "pagerank_sums_to_one",
@@ -23,7 +23,7 @@ def test_definitions_load_with_assets_checks_sensor_and_schedules():
             assert node.group_name == "ingestion"
             assert node.partitions_def == dg.DynamicPartitionsDefinition(name="documents")
         else:  # corpus-wide assets are unpartitioned and never upstream of a partitioned one
-            assert node.group_name == "skeleton" and node.partitions_def is None
+            assert node.group_name in ("skeleton", "evaluation") and node.partitions_def is None
             assert all(repo.asset_graph.get(c).partitions_def is None for c in node.child_keys)
     assert repo.get_job("ingest_documents").executor_def.name == "in_process"
     for writer in ("document_graph", "chunk_knn_graph", "skeleton_selection", "keyword_index"):

@@ -30,6 +30,7 @@ def test_normalise_answer_drops_case_punctuation_articles_and_spaces():
     ("Board Minutes 2024-03.md", "board minutes 2024-03"),
     ("board minutes 2024-03", "board minutes 2024-03"),
     ("report v1.2", "report v1.2"),  # not a text-file extension: kept
+    ("Time: 20260930_16:00", "20260930_1600"),  # a label left in one LiHua-World id
 ])
 def test_evidence_ids_and_file_paths_meet(raw, key):
     assert ev.normalise_evidence_id(raw) == key
