@@ -21,6 +21,8 @@ from typing import Iterable, Protocol, Sequence
 
 import numpy as np
 
+from lexgraph.errors import FileProblem
+
 NULL_ANSWER = "insufficient information"
 EVIDENCE_SEPARATOR = "<and>"
 # Evidence values that mean "no evidence" (LiHua-World writes N/A for its Null questions).
@@ -35,13 +37,8 @@ _ARTICLES = re.compile(r"\b(a|an|the)\b")
 QUESTION_TYPES = ("Single", "Multi", "Null")
 
 
-class QuestionsFileError(ValueError):
+class QuestionsFileError(FileProblem, ValueError):
     """A questions file that cannot be used; the message names the file and the problem."""
-
-    def __init__(self, path: str | Path, problem: str):
-        self.path = str(path)
-        self.problem = problem
-        super().__init__(f"{self.path}: {problem}")
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from lexgraph.chunking import HEADING
+from lexgraph.errors import FileProblem
 from lexgraph.ids import content_hash, document_id
 
 SUPPORTED_SUFFIXES = (".md", ".markdown", ".txt", ".text", ".html", ".htm")
@@ -17,13 +18,8 @@ SUPPORTED_SUFFIXES = (".md", ".markdown", ".txt", ".text", ".html", ".htm")
 _SNIFF_BYTES = 8192
 
 
-class DocumentError(Exception):
+class DocumentError(FileProblem):
     """A document that cannot be indexed; the message names the file and the problem."""
-
-    def __init__(self, path: str | Path, problem: str):
-        self.path = str(path)
-        self.problem = problem
-        super().__init__(f"{self.path}: {problem}")
 
 
 @dataclass(frozen=True)

@@ -38,3 +38,12 @@ def run_partition_keys(instance: dg.DagsterInstance) -> list[list[str]]:
         if start and end and start in keys and end in keys:
             covered.append(keys[keys.index(start): keys.index(end) + 1])
     return covered
+
+
+def write(path, data: bytes | str):
+    """Write text (as UTF-8) or raw bytes, creating folders."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    path.write_bytes(data)
+    return path

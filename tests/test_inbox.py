@@ -8,16 +8,10 @@ import pytest
 from lexgraph.ids import content_hash, document_id
 from lexgraph.inbox import FileState, plan_reconcile, scan_folder, states_from_json, states_to_json
 from lexgraph.sources import read_document
+from tests.helpers import write
 
 SENTINEL = "sentinel-hash-not-a-sha256"
 
-
-def write(path, data: bytes | str):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(data, str):
-        data = data.encode("utf-8")
-    path.write_bytes(data)
-    return path
 
 
 def bump_mtime(path, seconds: int = 10) -> None:

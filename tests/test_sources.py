@@ -5,16 +5,10 @@ import pytest
 
 from lexgraph.ids import content_hash, document_id
 from lexgraph.sources import DocumentError, iter_corpus_files, read_document
+from tests.helpers import write
 
 SAFE_ID = re.compile(r"[a-z0-9._-]+")
 
-
-def write(path, data: bytes | str):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(data, str):
-        data = data.encode("utf-8")
-    path.write_bytes(data)
-    return path
 
 
 # --- read_document: formats ---
