@@ -7,7 +7,6 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_CORPUS = ROOT / "sample" / "corpus"
-SHARED = ROOT.parent / "shared"
 
 
 @pytest.fixture(scope="session")
