@@ -145,13 +145,6 @@ class VectorStore:
         table = self._table(name)
         return 0 if table is None else table.count_rows(where)
 
-    def chunk_counts_by_document(self) -> pl.DataFrame:
-        table = self._table(CHUNKS)
-        if table is None:
-            return pl.DataFrame({"doc_id": [], "chunks": []}, schema={"doc_id": pl.Utf8, "chunks": pl.UInt32})
-        frame = pl.from_arrow(table.to_arrow().select(["doc_id"]))
-        return frame.group_by("doc_id").len("chunks").sort("doc_id")
-
     def search_chunks(self, vector: np.ndarray, k: int = 5) -> pl.DataFrame:
         table = self._table(CHUNKS)
         if table is None:

@@ -76,9 +76,6 @@ class KuzuResource(dg.ConfigurableResource):
         with GraphStore.writer(self.graph_path()) as graph:
             yield graph
 
-    def reader(self) -> GraphStore:
-        return GraphStore(self.graph_path(), writable=False)
-
 
 class InboxResource(dg.ConfigurableResource):
     """The folder the sensor watches; files map to partition keys by their path inside it."""
