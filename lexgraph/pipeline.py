@@ -110,8 +110,8 @@ def chunk_documents(doc_ids: Iterable[str], store: ExtractStore, counter: TokenC
     return result
 
 
-def _embed_group(group: list[str], store: ExtractStore, embedder: Embedder, vectors: VectorStore) -> int:
-    frames = [store.read(CHUNKS, doc_id) for doc_id in group]
+def _embed_group(group: list[str], frames: list[pl.DataFrame], store: ExtractStore, embedder: Embedder,
+                 vectors: VectorStore) -> int:
     chunks = pl.concat(frames)
     matrix = embedder.embed(chunks["text"].to_list())
     offset = 0
@@ -129,23 +129,22 @@ def embed_documents(doc_ids: Iterable[str], store: ExtractStore, embedder: Embed
     """Embed chunks of many documents in shared batches and replace them in LanceDB."""
     result = StageResult()
     group: list[str] = []
-    pending = 0
+    frames: list[pl.DataFrame] = []
     before = embedder.stats.tokens
 
     def flush() -> None:
-        nonlocal pending
         if group:
-            result.rows += _embed_group(group, store, embedder, vectors)
+            result.rows += _embed_group(group, frames, store, embedder, vectors)
             result.done.extend(group)
             if progress:
                 progress(len(group))
         group.clear()
-        pending = 0
+        frames.clear()
 
     for doc_id in doc_ids:
         group.append(doc_id)
-        pending += len(store.read(CHUNKS, doc_id).select("chunk_id"))
-        if pending >= EMBED_GROUP_CHUNKS:
+        frames.append(store.read(CHUNKS, doc_id))
+        if sum(f.height for f in frames) >= EMBED_GROUP_CHUNKS:
             flush()
     flush()
     result.tokens = embedder.stats.tokens - before
