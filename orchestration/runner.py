@@ -74,7 +74,10 @@ def _quiet(progress: bool, run_config: dict | None = None) -> dict:
 
 def ingest_with_default_instance(folder: str | Path, **options) -> IngestReport:
     """The instance in $DAGSTER_HOME when set (runs then show in `make dev`), else an ephemeral one."""
-    instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral()
+    home = os.environ.get("DAGSTER_HOME")
+    if home:
+        Path(home).mkdir(parents=True, exist_ok=True)  # a fresh checkout has no instance folder yet
+    instance = dg.DagsterInstance.get() if home else dg.DagsterInstance.ephemeral()
     with instance:
         return ingest_folder(folder, instance, **options)
 

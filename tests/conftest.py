@@ -5,6 +5,8 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Tests make their own instances; never write runs into the developer's DAGSTER_HOME.
+os.environ.pop("DAGSTER_HOME", None)
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_CORPUS = ROOT / "sample" / "corpus"
 
