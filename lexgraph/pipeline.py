@@ -16,12 +16,14 @@ from lexgraph.chunking import TokenCounter, chunk_text
 from lexgraph.embedder import Embedder
 from lexgraph.extract_store import ExtractStore
 from lexgraph.ids import chunk_id
+from lexgraph.keywords import KeywordExtraction, extract_keywords, keyword_stats
 from lexgraph.graph_store import GraphStore
 from lexgraph.settings import Settings
 from lexgraph.sources import DocumentError, SourceDocument, read_document
 from lexgraph.vector_store import VectorStore
 
 SOURCES, CHUNKS, VECTORS = "sources", "chunks", "vectors"
+KEYWORDS, KEYWORD_STATS = "keywords", "keyword_stats"
 HEADING_SEPARATOR = " > "
 # Chunks embedded together across small documents, so a batch is never a handful of texts.
 EMBED_GROUP_CHUNKS = 2048
@@ -192,17 +194,12 @@ def ingest_directly(paths: dict[str, Path], root: Path, settings: Settings, embe
 
 
 
-KEYWORDS, KEYWORD_STATS = "keywords", "keyword_stats"
-
-
 def extract_document_keywords(doc_ids: Iterable[str], store: ExtractStore, embedder: Embedder,
                               progress: Progress | None = None) -> StageResult:
     """LLM-free keywords per chunk, plus per-keyword sums of sentence embeddings (KET-RAG's keyword
     vectors are their means); sentences of many documents are embedded in shared batches."""
-    from lexgraph.keywords import extract_keywords, keyword_stats
-
     result = StageResult()
-    pending: list[tuple[str, object]] = []
+    pending: list[tuple[str, KeywordExtraction]] = []
     before = embedder.stats.tokens
 
     def flush() -> None:
