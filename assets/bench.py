@@ -1,7 +1,7 @@
 """The retrieval benchmark as an asset: after the corpus index is current, ask the questions of
 every retrieval method over the inbox's index and publish the side-by-side table.
 
-Thin by design: lexgraph.bench does the work; this file only finds the questions, the index and
+Thin by design: lexgraph.evaluation.bench does the work; this file only finds the questions, the index and
 the embedding cost that Dagster itself recorded, and shapes the metadata.
 """
 import os
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from lexgraph import bench
+from lexgraph.evaluation import bench
 from resources import IndexResource, InboxResource
 
 GROUP = "evaluation"

@@ -8,7 +8,7 @@ log and metadata and leaves its previously indexed data untouched; the others go
 import dagster as dg
 import polars as pl
 
-from lexgraph import pipeline
+from lexgraph.build import pipeline
 from orchestration.partitions import GRAPH_WRITER_POOL, batched, documents
 from resources import EmbedderResource, IndexResource, InboxResource, KuzuResource, LanceDBResource
 
@@ -82,7 +82,7 @@ def document_chunks(context: dg.AssetExecutionContext, index: IndexResource, emb
     store = index.extract_store()
     model = embedder.get()
     result = pipeline.chunk_documents(_with_output(context, store, pipeline.SOURCES), store, model,
-                                      index.chunk_tokens)
+                                      index.settings().chunk_tokens)
     _report_failures(context, "document_chunks", result)
     frame = pl.concat([store.read(pipeline.CHUNKS, d) for d in result.done]) if result.done else \
         pl.DataFrame(schema=pipeline.CHUNK_COLUMNS)

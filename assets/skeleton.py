@@ -5,9 +5,9 @@ import numpy as np
 import polars as pl
 
 from assets.documents import GROUP as INGESTION, document_chunks, document_graph
-from lexgraph import corpus_index as ci
-from lexgraph import pipeline
-from lexgraph.keywords import keyword_vectors
+from lexgraph.build import corpus_index as ci
+from lexgraph.build import pipeline
+from lexgraph.extract.keywords import keyword_vectors
 from orchestration.partitions import GRAPH_WRITER_POOL, batched, documents
 from resources import EmbedderResource, IndexResource, KuzuResource, LanceDBResource
 
@@ -48,8 +48,9 @@ def chunk_knn_graph(context: dg.AssetExecutionContext, index: IndexResource, lan
     if chunks.height == 0:
         raise dg.Failure("no chunks are indexed yet; ingest documents first")
     words = ci.chunk_words(store, chunks["chunk_id"])
-    mode = ci.knn_mode(index.knn_mode, chunks.height)
-    result = ci.update_knn(files, chunks, vectors, words, k=index.knn_k, mode=mode)
+    settings = index.settings()
+    mode = ci.knn_mode(settings.knn_mode, chunks.height)
+    result = ci.update_knn(files, chunks, vectors, words, k=settings.knn_k, mode=mode)
     with kuzu.writer() as graph:
         graph.replace_similarity_edges(result.edges)
     linked = set(result.edges["src"].to_list()) | set(result.edges["dst"].to_list())
@@ -57,7 +58,7 @@ def chunk_knn_graph(context: dg.AssetExecutionContext, index: IndexResource, lan
     counts = result.edges.group_by("kind").len()
     return dg.MaterializeResult(
         metadata={
-            "chunks": chunks.height, "edges": result.edges.height, "k": index.knn_k, "mode": mode,
+            "chunks": chunks.height, "edges": result.edges.height, "k": settings.knn_k, "mode": mode,
             "edges_by_kind": dg.MetadataValue.json(dict(zip(counts["kind"], counts["len"]))),
             "rebuilt": result.rebuilt,
             "semantic_update": dg.MetadataValue.json(result.semantic.to_dict() if result.semantic else None),
@@ -110,7 +111,8 @@ def chunk_pagerank(index: IndexResource, lancedb: LanceDBResource) -> dg.Materia
 def skeleton_selection(index: IndexResource, lancedb: LanceDBResource, kuzu: KuzuResource) -> dg.MaterializeResult:
     files = index.corpus_files()
     ranks = pl.read_parquet(files.pagerank)
-    result = ci.select(files, ranks, index.beta)
+    beta = index.settings().beta
+    result = ci.select(files, ranks, beta)
     with kuzu.writer() as graph:
         graph.set_chunk_scores(result.selection)
     lancedb.get().set_chunk_scores(result.selection)
@@ -120,7 +122,7 @@ def skeleton_selection(index: IndexResource, lancedb: LanceDBResource, kuzu: Kuz
         f"| {r['doc_id']} | {r['chunks']} | {r['selected']} | {r['share']:.0%} |"
         for r in result.coverage.sort("share").head(40).iter_rows(named=True)])
     return dg.MaterializeResult(
-        metadata={"beta": index.beta, "chunks": ranks.height, "selected": selected,
+        metadata={"beta": beta, "chunks": ranks.height, "selected": selected,
                   "newly_selected": diff["newly_selected_count"], "deselected": diff["deselected_count"],
                   "documents_to_reextract": dg.MetadataValue.json(diff["documents"]),
                   "diff_path": dg.MetadataValue.path(str(files.skeleton_diff)),

@@ -11,8 +11,8 @@ from pathlib import Path
 import dagster as dg
 
 from benchmarks.common import median, peak_rss_mb, prepare_corpus
-from lexgraph.embedder import Embedder
-from lexgraph.sources import iter_corpus_files
+from lexgraph.extract.embedder import Embedder
+from lexgraph.inbox import iter_corpus_files
 from orchestration.runner import ingest_folder
 
 

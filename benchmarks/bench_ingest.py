@@ -14,19 +14,19 @@ from pathlib import Path
 import dagster as dg
 
 from benchmarks.common import median, peak_rss_mb, prepare_corpus
-from lexgraph.embedder import Embedder
+from lexgraph.extract.embedder import Embedder
 from lexgraph.ids import document_id
-from lexgraph.pipeline import ingest_directly
+from lexgraph.build.pipeline import ingest_directly
 from lexgraph.settings import Settings
-from lexgraph.sources import iter_corpus_files
-from lexgraph.vector_store import VectorStore
+from lexgraph.inbox import iter_corpus_files
+from lexgraph.storage.vector_store import VectorStore
 from orchestration.runner import ingest_folder
 
 
 def run_direct(corpus: Path, home: Path, embedder: Embedder) -> tuple[float, int, int]:
     paths = {document_id(p.relative_to(corpus).as_posix()): p for p in iter_corpus_files(corpus)}
     start = time.perf_counter()
-    results = ingest_directly(paths, corpus, Settings(home=home), embedder)
+    results = ingest_directly(paths, corpus, Settings.from_env(home=home), embedder)
     return time.perf_counter() - start, len(results["graph"].done), results["chunks"].rows
 
 
@@ -40,7 +40,7 @@ def run_dagster(corpus: Path, home: Path, kind: str) -> tuple[float, int, int]:
         start = time.perf_counter()
         ingest_folder(corpus, instance, home=str(home), progress=True, corpus=False)  # as the CLI runs it
         elapsed = time.perf_counter() - start
-    store = VectorStore(Settings(home=home).lance_uri)
+    store = VectorStore(Settings.from_env(home=home).lance_uri)
     return elapsed, store.count("sources"), store.count("chunks")
 
 

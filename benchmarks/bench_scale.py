@@ -32,9 +32,9 @@ from scipy.sparse.csgraph import connected_components
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lexgraph.knn import DEFAULT_K, DEFAULT_MAX_DF, lexical_knn, semantic_knn  # noqa: E402
-from lexgraph.pagerank import pagerank  # noqa: E402
-from lexgraph.skeleton import DEFAULT_BETA, select_skeleton, selection_diff  # noqa: E402
+from lexgraph.build.knn import DEFAULT_K, DEFAULT_MAX_DF, lexical_knn, semantic_knn  # noqa: E402
+from lexgraph.build.pagerank import pagerank  # noqa: E402
+from lexgraph.build.skeleton import DEFAULT_BETA, select_skeleton, selection_diff  # noqa: E402
 
 DIM = 384
 WORDS_PER_CHUNK = 60

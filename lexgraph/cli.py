@@ -1,36 +1,51 @@
-"""`lexgraph` command line: ingest through the Dagster asset graph, inspect the index, search it."""
+"""`lexgraph` command line: inspect the index and search it. Ingestion and the bench's indexing drive
+Dagster, so they are handed in by orchestration.cli, the console-script entry point."""
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
 
-from lexgraph.settings import Settings
+from lexgraph.query.retrieval import METHODS
+from lexgraph.settings import Settings, SettingsError
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    return Settings(home=Path(args.home)) if args.home else Settings()
+    return Settings.from_env(home=args.home or None)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    # Ingestion goes through the Dagster asset graph, so the orchestration layer is imported here
-    # only: the engine and the query commands run without Dagster installed.
-    from orchestration.runner import ingest_with_default_instance
-
+    if args.ingest is None:
+        print("error: ingestion runs through Dagster; use the `lexgraph` console script (orchestration.cli)",
+              file=sys.stderr)
+        return 2
+    if not args.path.strip():
+        print("error: PATH is empty; name the folder of documents to ingest", file=sys.stderr)
+        return 2
     path = Path(args.path)
     if not path.is_dir():
         print(f"error: {path}: not a folder of documents", file=sys.stderr)
         return 2
-    report = ingest_with_default_instance(path, home=str(_settings(args).home), prune=args.prune,
-                                          progress=not args.quiet)
+    report = args.ingest(path, _settings(args), prune=args.prune, progress=not args.quiet)
     print(f"ingested {path}: {report.new} new, {report.changed} changed, {report.unchanged} unchanged, "
           f"{report.removed} removed, {len(report.failed)} failed, in {len(report.runs)} Dagster run(s)"
           + (" and a corpus index update" if report.corpus_run else ""))
     for problem in sorted(report.failed.values()):
         print(f"  failed: {problem}")
     if report.corpus_index_ok is False:
-        print("error: the corpus-wide index update (KNN graph, PageRank, skeleton, keywords) failed; "
-              "see the Dagster run log", file=sys.stderr)
+        print("error: the corpus-wide index update (KNN graph, PageRank, skeleton, keywords) failed: "
+              f"{report.corpus_error or 'see the Dagster run log'}\n"
+              "  the next `lexgraph ingest` (or sensor tick) retries it", file=sys.stderr)
         return 1
     return 1 if report.failed and args.strict else 0
 
@@ -38,9 +53,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     import polars as pl
 
-    from lexgraph.corpus_index import CorpusFiles
-    from lexgraph.graph_store import GraphStore
-    from lexgraph.vector_store import VectorStore
+    from lexgraph.build.corpus_index import CorpusFiles
+    from lexgraph.storage.graph_store import GraphStore
+    from lexgraph.storage.vector_store import VectorStore
 
     settings = _settings(args)
     vectors = VectorStore(settings.lance_uri)
@@ -66,28 +81,33 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from lexgraph.embedder import Embedder
-    from lexgraph.vector_store import VectorStore
+    from lexgraph.index import EmptyIndexError, LexIndex
 
-    settings = _settings(args)
-    vectors = VectorStore(settings.lance_uri)
-    if vectors.count("chunks") == 0:
-        print("error: the index is empty; run `lexgraph ingest PATH` first", file=sys.stderr)
+    if not args.text.strip():
+        print("error: the query is empty; give the text to search for", file=sys.stderr)
         return 2
-    query = Embedder.shared(settings.embed_model).embed([args.text])[0]
-    hits = vectors.search_chunks(query, args.k)
-    for rank, row in enumerate(hits.iter_rows(named=True), 1):
-        snippet = " ".join(row["text"].split())[:200]
-        print(f"{rank}. {row['source_path']} [chars {row['char_start']}-{row['char_end']}] "
-              f"score={1 - row['_distance']:.3f}  {row['heading_path'] or ''}\n   {snippet}")
+    index = LexIndex(_settings(args))
+    try:
+        hits = index.search(args.text, args.k, args.method)
+    except EmptyIndexError as error:
+        print(f"error: {error}; run `lexgraph ingest PATH` with the same LEXGRAPH_* settings first",
+              file=sys.stderr)
+        return 2
+    for rank, hit in enumerate(hits, 1):
+        snippet = " ".join(hit.text.split())[:200]
+        print(f"{rank}. {hit.citation}  score={hit.score:.3f}  {hit.heading_path or ''}\n   {snippet}")
     return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from lexgraph.bench import command
+    from lexgraph.evaluation.bench import command
 
-    return command(args.corpus, args.questions, args.budget, args.k, args.out, args.home, args.methods, args.quiet,
-                   args.param)
+    if args.indexer is None:
+        print("error: the bench indexes its corpus through Dagster; use the `lexgraph` console script "
+              "(orchestration.cli)", file=sys.stderr)
+        return 2
+    return command(args.corpus, args.questions, args.budget, args.k, args.out, args.home, args.indexer,
+                   args.methods, args.quiet, args.param)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,9 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.set_defaults(func=cmd_ingest)
     status = sub.add_parser("status", help="counts per table and per document")
     status.set_defaults(func=cmd_status)
-    search = sub.add_parser("search", help="vector search over chunks")
+    search = sub.add_parser("search", help="search the indexed chunks")
     search.add_argument("text")
-    search.add_argument("-k", type=int, default=5)
+    search.add_argument("-k", type=_positive_int, default=5, help="number of hits (at least 1)")
+    search.add_argument("--method", choices=METHODS, default="hybrid",
+                        help="retrieval method (default hybrid: dense + BM25 + keyword fused)")
     search.set_defaults(func=cmd_search)
     bench = sub.add_parser("bench", help="retrieval benchmark: dense, BM25, keyword and hybrid side by side")
     bench.add_argument("--corpus", required=True, help="folder of .txt/.md files, a .zip of them, or one text file")
@@ -114,16 +136,22 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", help="report folder (default: beside the cached index)")
     bench.add_argument("--methods", help="comma-separated subset of dense,bm25,keyword,hybrid")
     bench.add_argument("--param", action="append", metavar="NAME=VALUE",
-                       help="override a retrieval knob (lexgraph.retrieval.RetrievalParams), e.g. decompose=false")
+                       help="override a retrieval knob (lexgraph.query.retrieval.RetrievalParams), e.g. decompose=false")
     bench.add_argument("--quiet", action="store_true", help="no progress output")
     bench.set_defaults(func=cmd_bench)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, ingest=None, indexer=None) -> int:
+    """ingest: runs an ingestion (path, settings, prune=, progress=) -> report; indexer: the bench's
+    corpus indexer. Both drive Dagster, so orchestration.cli hands them in; the engine never imports it."""
     args = build_parser().parse_args(argv)
+    args.ingest, args.indexer = ingest, indexer
     try:
         return args.func(args)
+    except SettingsError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     except BrokenPipeError:  # output piped into `head` and the like
         sys.stderr.close()
         return 0

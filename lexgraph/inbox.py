@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+import os
 from pathlib import Path
 
 from lexgraph.ids import content_hash, document_id
-from lexgraph.sources import SUPPORTED_SUFFIXES, DocumentError, decode_text, iter_corpus_files
+from lexgraph.extract.readers import SUPPORTED_SUFFIXES, DocumentError, decode_text
 
 
 @dataclass(frozen=True)
@@ -88,3 +89,21 @@ def states_to_json(states: dict[str, FileState]) -> dict:
 
 def states_from_json(data: dict) -> dict[str, FileState]:
     return {doc_id: FileState(**state) for doc_id, state in data.items()}
+
+
+def iter_corpus_files(root: str | Path) -> list[Path]:
+    """Every visible file under root (or root itself), sorted so ingestion order is stable.
+
+    Unsupported types are returned too: read_document rejects them with a message rather
+    than the scan dropping them silently.
+    """
+    root = Path(root)
+    if root.is_file():
+        return [root]
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: no such file or folder")
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        files.extend(Path(dirpath) / name for name in sorted(filenames))
+    return [f for f in files if not f.name.startswith(".")]

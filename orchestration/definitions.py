@@ -8,13 +8,15 @@ from assets.documents import document_assets
 from assets.skeleton import corpus_assets, document_keywords
 from orchestration.jobs import build_corpus_index, ingest_documents, purge_documents
 from orchestration.sensors import corpus_index_after_ingest, inbox_sensor, nightly_ingest, nightly_purge
+from lexgraph.settings import Settings
 from resources import EmbedderResource, IndexResource, InboxResource, KuzuResource, LanceDBResource
 
 
-def build_definitions(inbox_path: str | None = None, home: str | None = None) -> dg.Definitions:
-    """Definitions with resources for one inbox and index home (defaults come from the environment)."""
-    index = IndexResource(home=home) if home else IndexResource()
-    inbox = InboxResource(path=inbox_path) if inbox_path else InboxResource()
+def build_definitions(settings: Settings | None = None) -> dg.Definitions:
+    """Definitions whose resources all come from one Settings (by default, the environment's)."""
+    settings = settings or Settings.from_env()
+    index = IndexResource.from_settings(settings)
+    inbox = InboxResource(path=str(settings.inbox))
     return dg.Definitions(
         assets=[*document_assets, document_keywords, *corpus_assets, retrieval_benchmark],
         jobs=[ingest_documents, purge_documents, build_corpus_index],
@@ -26,7 +28,7 @@ def build_definitions(inbox_path: str | None = None, home: str | None = None) ->
         resources={
             "index": index,
             "inbox": inbox,
-            "embedder": EmbedderResource(),
+            "embedder": EmbedderResource(index=index),
             "lancedb": LanceDBResource(index=index),
             "kuzu": KuzuResource(index=index),
         },

@@ -4,7 +4,7 @@ import dagster as dg
 
 from assets.documents import document_assets
 from assets.skeleton import corpus_assets, document_keywords
-from lexgraph import pipeline
+from lexgraph.build import pipeline
 from orchestration.partitions import GRAPH_WRITER_POOL
 from resources import IndexResource, KuzuResource, LanceDBResource
 

@@ -1,6 +1,7 @@
 """In-process ingestion through the real asset graph, for the CLI and benchmarks."""
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,6 +10,7 @@ import dagster as dg
 from tqdm import tqdm
 
 from lexgraph.inbox import scan_folder
+from lexgraph.settings import Settings
 from orchestration.definitions import build_definitions
 from orchestration.partitions import documents
 from orchestration.reconcile import reconcile
@@ -24,16 +26,20 @@ class IngestReport:
     runs: list[str] = field(default_factory=list)  # ingestion and purge runs
     corpus_run: str | None = None  # the corpus index update, run only when the catalog changed
     corpus_index_ok: bool | None = None
+    corpus_error: str | None = None  # why the corpus index update failed, for the CLI to print
 
 
-def ingest_folder(folder: str | Path, instance: dg.DagsterInstance, home: str | None = None,
-                  prune: bool = False, progress: bool = True, corpus: bool = True) -> IngestReport:
+def ingest_folder(folder: str | Path, instance: dg.DagsterInstance, home: str | Path | None = None,
+                  settings: Settings | None = None, prune: bool = False, progress: bool = True,
+                  corpus: bool = True) -> IngestReport:
     """Index new and changed files under folder; with prune, also purge documents no longer there.
-    With corpus, the corpus-wide KET-RAG assets are then updated once, if the indexed set changed."""
+    With corpus, the corpus-wide KET-RAG assets are then updated once, if the indexed set changed.
+    settings defaults to the environment's (home, when given, overrides its index home)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: not a folder")
-    defs = build_definitions(inbox_path=str(folder), home=home)
+    settings = (settings or Settings.from_env(home=home)).with_(inbox=folder)
+    defs = build_definitions(settings)
     vectors = defs.resources["lancedb"].get()
     indexed = vectors.indexed_hashes()
     files = scan_folder(folder)
@@ -70,6 +76,19 @@ def _quiet(progress: bool, run_config: dict | None = None) -> dict:
     if progress:
         run_config["loggers"] = {"console": {"config": {"log_level": "CRITICAL"}}}
     return run_config
+
+
+@contextlib.contextmanager
+def private_dagster_instance():
+    """The runner records into $DAGSTER_HOME's instance when it is set; the bench's cached index must
+    not add its partitions to the user's dev instance (whose inbox sensor would then plan purges for
+    them), so the variable is hidden and an ephemeral instance is used."""
+    saved = os.environ.pop("DAGSTER_HOME", None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ["DAGSTER_HOME"] = saved
 
 
 def ingest_with_default_instance(folder: str | Path, **options) -> IngestReport:

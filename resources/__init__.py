@@ -1,38 +1,49 @@
-"""Dagster resources: thin, configurable wrappers around lexgraph's clients."""
+"""Dagster resources: thin, configurable wrappers around lexgraph's clients.
+
+Every field left empty means "as lexgraph.settings.Settings.from_env() says", and
+orchestration.definitions fills them from one Settings object, so the CLI, the sensor and
+`make dev` always agree on the index they use.
+"""
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 import dagster as dg
 
-from lexgraph.corpus_index import DEFAULT_BETA, CorpusFiles
-from lexgraph.embedder import DEFAULT_MODEL, Embedder
-from lexgraph.extract_store import ExtractStore
-from lexgraph.graph_store import GraphStore
+from lexgraph.build.corpus_index import CorpusFiles
+from lexgraph.extract.embedder import Embedder
 from lexgraph.ids import document_id
-from lexgraph.knn import DEFAULT_K
-from lexgraph.settings import DEFAULT_CHUNK_TOKENS, Settings
-from lexgraph.sources import iter_corpus_files
-from lexgraph.vector_store import VectorStore
+from lexgraph.inbox import iter_corpus_files
+from lexgraph.settings import Settings
+from lexgraph.storage.extract_store import ExtractStore
+from lexgraph.storage.graph_store import GraphStore
+from lexgraph.storage.vector_store import VectorStore
 
 
 class IndexResource(dg.ConfigurableResource):
-    """Where the index lives; the chunking settings and embedder name fix its version."""
+    """Where the index lives and how it is built; empty or unset fields come from the environment."""
 
-    home: str = os.environ.get("LEXGRAPH_HOME", ".lexgraph")
-    collection: str = "default"
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS
-    embed_model: str = DEFAULT_MODEL
-    knn_k: int = int(os.environ.get("LEXGRAPH_KNN_K", DEFAULT_K))
-    knn_mode: str = os.environ.get("LEXGRAPH_KNN_MODE", "auto")
-    beta: float = float(os.environ.get("LEXGRAPH_BETA", DEFAULT_BETA))
+    home: str = ""
+    collection: str = ""
+    chunk_tokens: int = 0
+    embed_model: str = ""
+    knn_k: int = 0
+    knn_mode: str = ""
+    beta: float = -1.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> "IndexResource":
+        return cls(home=str(settings.home), collection=settings.collection, chunk_tokens=settings.chunk_tokens,
+                   embed_model=settings.embed_model, knn_k=settings.knn_k, knn_mode=settings.knn_mode,
+                   beta=settings.beta)
 
     def settings(self) -> Settings:
-        return Settings(home=Path(self.home), collection=self.collection, embed_model=self.embed_model,
-                        chunk_tokens=self.chunk_tokens)
+        return Settings.from_env(
+            home=self.home or None, collection=self.collection or None, chunk_tokens=self.chunk_tokens or None,
+            embed_model=self.embed_model or None, knn_k=self.knn_k or None, knn_mode=self.knn_mode or None,
+            beta=self.beta if self.beta >= 0 else None)
 
     def extract_store(self) -> ExtractStore:
         return ExtractStore(self.settings().extract_dir)
@@ -44,12 +55,12 @@ class IndexResource(dg.ConfigurableResource):
 class EmbedderResource(dg.ConfigurableResource):
     """Sentence-transformers model, loaded once per process and shared by every asset in a run."""
 
-    model_name: str = DEFAULT_MODEL
+    index: IndexResource
     device: str = "cpu"
     batch_size: int = 64
 
     def get(self) -> Embedder:
-        return Embedder.shared(self.model_name, self.device, self.batch_size)
+        return Embedder.shared(self.index.settings().embed_model, self.device, self.batch_size)
 
 
 class LanceDBResource(dg.ConfigurableResource):
@@ -80,10 +91,10 @@ class KuzuResource(dg.ConfigurableResource):
 class InboxResource(dg.ConfigurableResource):
     """The folder the sensor watches; files map to partition keys by their path inside it."""
 
-    path: str = os.environ.get("LEXGRAPH_INBOX", "sample/corpus")
+    path: str = ""
 
     def root(self) -> Path:
-        return Path(self.path)
+        return Path(self.path) if self.path else Settings.from_env().inbox
 
     def files(self) -> dict[str, Path]:
         root = self.root()

@@ -13,7 +13,7 @@ SAMPLE_CORPUS = ROOT / "sample" / "corpus"
 
 @pytest.fixture(scope="session")
 def embedder():
-    from lexgraph.embedder import Embedder
+    from lexgraph.extract.embedder import Embedder
 
     return Embedder.shared()
 

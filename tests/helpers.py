@@ -3,18 +3,18 @@ from pathlib import Path
 
 import dagster as dg
 
-from lexgraph.graph_store import GraphStore
+from lexgraph.storage.graph_store import GraphStore
 from lexgraph.settings import Settings
-from lexgraph.vector_store import VectorStore
+from lexgraph.storage.vector_store import VectorStore
 
 
 def stores(home: Path) -> tuple[VectorStore, Settings]:
-    settings = Settings(home=home)
+    settings = Settings.from_env(home=home)
     return VectorStore(settings.lance_uri), settings
 
 
 def graph_counts(home: Path, tables=("Source", "Chunk", "PART_OF", "NEXT")) -> dict[str, int]:
-    graph = GraphStore(Settings(home=home).graph_path)
+    graph = GraphStore(Settings.from_env(home=home).graph_path)
     try:
         return {t: graph.count(t) for t in tables}
     finally:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from lexgraph import bench
-from lexgraph.cli import main
+from lexgraph.evaluation import bench
+from orchestration.cli import main
 from tests.conftest import ROOT, copy_corpus
 
 QUESTIONS = ROOT / "sample" / "questions.json"
@@ -54,10 +54,10 @@ def test_report_has_every_method_and_type(benched):
 
 def test_rerun_reuses_the_index_without_embedding(benched, capsys):
     corpus, home, out = benched
-    from lexgraph.corpus_index import CorpusFiles
+    from lexgraph.build.corpus_index import CorpusFiles
     from lexgraph.settings import Settings
 
-    files = CorpusFiles(Settings(home=bench.prepare_corpus(corpus, home).index_home).index_dir)
+    files = CorpusFiles(Settings.from_env(home=bench.prepare_corpus(corpus, home).index_home).index_dir)
     shutil.rmtree(files.root)  # as if the first run had stopped before the corpus-wide assets
     code, stdout, stderr = _run(capsys, "--home", home, "bench", "--corpus", corpus, "--questions", QUESTIONS,
                                 "--out", out, "--k", "1,5", "--budget", "300", "--methods", "bm25,hybrid",

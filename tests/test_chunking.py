@@ -1,8 +1,8 @@
 """Chunking against the real all-MiniLM-L6-v2 tokenizer: offsets, budgets, structure, headings."""
 import pytest
 
-from lexgraph.chunking import chunk_text, markdown_blocks
-from lexgraph.embedder import Embedder
+from lexgraph.extract.chunking import chunk_text, markdown_blocks
+from lexgraph.extract.embedder import Embedder
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """The `lexgraph` CLI end to end on the bundled sample corpus."""
 import pytest
 
-from lexgraph.cli import main
+from orchestration.cli import main
 from tests.conftest import copy_corpus
 
 

@@ -5,7 +5,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from lexgraph.corpus_index import CorpusFiles
+from lexgraph.build.corpus_index import CorpusFiles
 from lexgraph.settings import Settings
 from orchestration.definitions import build_definitions
 from orchestration.runner import ingest_folder
@@ -20,9 +20,9 @@ def _corpus_metadata(instance, asset):
 
 
 def _dangling(home):
-    from lexgraph.graph_store import GraphStore
+    from lexgraph.storage.graph_store import GraphStore
 
-    graph = GraphStore(Settings(home=home).graph_path)
+    graph = GraphStore(Settings.from_env(home=home).graph_path)
     try:
         no_chunk_keywords = graph.query("MATCH (k:Keyword) WHERE NOT EXISTS { MATCH (k)-[:KEYWORD_IN]->(:Chunk) } "
                                         "RETURN count(k) AS n")["n"][0]
@@ -35,7 +35,7 @@ def _dangling(home):
 
 def test_skeleton_builds_and_updates_incrementally(tiny_corpus, home, instance):
     ingest_folder(tiny_corpus, instance, home=str(home), progress=False)
-    files = CorpusFiles(Settings(home=home).index_dir)
+    files = CorpusFiles(Settings.from_env(home=home).index_dir)
     vectors, _ = stores(home)
     n = vectors.count("chunks")
     selection = pl.read_parquet(files.skeleton)
@@ -69,7 +69,7 @@ def test_skeleton_builds_and_updates_incrementally(tiny_corpus, home, instance):
 
 def test_removing_a_document_leaves_no_dangling_edges_or_keywords(tiny_corpus, home, instance):
     ingest_folder(tiny_corpus, instance, home=str(home), progress=False)
-    files = CorpusFiles(Settings(home=home).index_dir)
+    files = CorpusFiles(Settings.from_env(home=home).index_dir)
     keywords_before = set(pl.read_parquet(files.keyword_index)["keyword"].to_list())
     assert "kiel" in keywords_before  # only beta.txt mentions Kiel
     (tiny_corpus / "beta.txt").unlink()
@@ -90,12 +90,12 @@ def test_beta_extremes(tiny_corpus, home, instance, beta):
     from assets.skeleton import corpus_assets
     from resources import IndexResource
 
-    defs = build_definitions(str(tiny_corpus), str(home))
+    defs = build_definitions(Settings.from_env(home=home, inbox=tiny_corpus))
     resources = {**defs.resources, "index": IndexResource(home=str(home), beta=beta)}
     result = dg.materialize(corpus_assets, instance=instance, resources=resources)
     assert result.success
     n = stores(home)[0].count("chunks")
-    selection = pl.read_parquet(CorpusFiles(Settings(home=home).index_dir).skeleton)
+    selection = pl.read_parquet(CorpusFiles(Settings.from_env(home=home).index_dir).skeleton)
     assert selection["selected"].sum() == (0 if beta == 0 else n)
     checks = [e.event_specific_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
     assert len(checks) == 4 and all(c.passed for c in checks)

@@ -29,12 +29,3 @@ def test_definitions_load_with_assets_checks_sensor_and_schedules():
     for writer in ("document_graph", "chunk_knn_graph", "skeleton_selection", "keyword_index"):
         assert repo.asset_graph.get(dg.AssetKey(writer)).pools == {"kuzu_writer"}
 
-
-def test_engine_does_not_import_dagster():
-    import pathlib
-    import re
-
-    engine = pathlib.Path(__file__).resolve().parent.parent / "lexgraph"
-    offenders = [p.name for p in engine.glob("*.py")
-                 if re.search(r"^\s*(import dagster|from dagster)", p.read_text(), re.M)]
-    assert offenders == []

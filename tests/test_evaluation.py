@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from lexgraph import evaluation as ev
+from lexgraph.evaluation import metrics as ev
 
 
 @dataclass

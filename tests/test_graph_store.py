@@ -6,12 +6,12 @@ from datetime import datetime, timezone
 import polars as pl
 import pytest
 
-from lexgraph.graph_store import GraphBusyError, GraphStore, writer_lock
+from lexgraph.storage.graph_store import GraphBusyError, GraphStore, writer_lock
 
 
 def test_second_writer_process_waits_then_gives_up(tmp_path):
     path = tmp_path / "graph.kuzu"
-    script = (f"from lexgraph.graph_store import writer_lock\n"
+    script = (f"from lexgraph.storage.graph_store import writer_lock\n"
               f"with writer_lock({str(path)!r}, timeout=0.5):\n    print('got it')\n")
     with writer_lock(path):
         held = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

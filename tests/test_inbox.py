@@ -7,7 +7,7 @@ import pytest
 
 from lexgraph.ids import content_hash, document_id
 from lexgraph.inbox import FileState, plan_reconcile, scan_folder, states_from_json, states_to_json
-from lexgraph.sources import read_document
+from lexgraph.extract.readers import read_document
 from tests.helpers import write
 
 SENTINEL = "sentinel-hash-not-a-sha256"

@@ -25,7 +25,7 @@ def test_ingest_then_reingest_has_no_duplicates(tiny_corpus, home, instance):
     from orchestration.definitions import build_definitions
 
     keys = instance.get_dynamic_partitions("documents")
-    job = build_definitions(str(tiny_corpus), str(home)).resolve_job_def("ingest_documents")
+    job = build_definitions(Settings.from_env(home=home, inbox=tiny_corpus)).resolve_job_def("ingest_documents")
     result = job.execute_in_process(instance=instance, tags={
         "dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]})
     assert result.success
@@ -106,7 +106,7 @@ def test_file_removed_between_request_and_run(tiny_corpus, home, instance):
     requests = reconcile(scan_folder(tiny_corpus), {}, [])
     instance.add_dynamic_partitions("documents", requests.add_partitions)
     (tiny_corpus / "beta.txt").unlink()
-    job = build_definitions(str(tiny_corpus), str(home)).resolve_job_def("ingest_documents")
+    job = build_definitions(Settings.from_env(home=home, inbox=tiny_corpus)).resolve_job_def("ingest_documents")
     [request] = requests.ingest_runs
     result = job.execute_in_process(instance=instance, tags=request.tags, raise_on_error=False)
     assert result.success  # the batch goes on without the missing file
@@ -152,16 +152,16 @@ def test_fifty_megabyte_file_is_indexed_in_bounded_memory(tmp_path):
     (folder / "small.md").write_text("# Small\n\nA small file next to a huge one.\n")
     script = f"""
 import resource, dagster as dg
-from lexgraph.embedder import Embedder
+from lexgraph.extract.embedder import Embedder
 Embedder.shared().embed(["warm up"])
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 from orchestration.runner import ingest_folder
-from lexgraph.vector_store import VectorStore
+from lexgraph.storage.vector_store import VectorStore
 from lexgraph.settings import Settings
 with dg.instance_for_test() as inst:
     report = ingest_folder({str(folder)!r}, inst, home={str(tmp_path / 'index')!r}, progress=False)
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-store = VectorStore(Settings(home={str(tmp_path / 'index')!r}).lance_uri)
+store = VectorStore(Settings.from_env(home={str(tmp_path / 'index')!r}).lance_uri)
 print(report.failed, store.count("sources"), store.count("chunks"), (peak - base) // 1024)
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900)

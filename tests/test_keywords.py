@@ -5,7 +5,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from lexgraph.keywords import (
+from lexgraph.extract.keywords import (
     add_keyword_stats,
     empty_keyword_index,
     extract_keywords,

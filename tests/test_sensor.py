@@ -1,4 +1,5 @@
 """The inbox sensor and nightly schedule against a real instance and real stores."""
+from lexgraph.settings import Settings
 import json
 
 import dagster as dg
@@ -30,7 +31,7 @@ def _execute(defs, instance, result):
 
 
 def test_sensor_requests_new_changed_and_removed(tiny_corpus, home, instance):
-    defs = build_definitions(str(tiny_corpus), str(home))
+    defs = build_definitions(Settings.from_env(home=home, inbox=tiny_corpus))
     first = _evaluate(defs, instance)
     [add] = first.dynamic_partitions_requests
     assert len(add.partition_keys) == 4
@@ -65,7 +66,7 @@ def test_sensor_requests_new_changed_and_removed(tiny_corpus, home, instance):
 
 
 def test_same_pending_request_keeps_its_run_key(tiny_corpus, home, instance):
-    defs = build_definitions(str(tiny_corpus), str(home))
+    defs = build_definitions(Settings.from_env(home=home, inbox=tiny_corpus))
     first = _evaluate(defs, instance)
     for change in first.dynamic_partitions_requests:
         instance.add_dynamic_partitions(change.partitions_def_name, list(change.partition_keys))
@@ -79,7 +80,7 @@ def _schedule(schedule, defs, instance):
 
 
 def test_nightly_schedules_reconcile(tiny_corpus, home, instance):
-    defs = build_definitions(str(tiny_corpus), str(home))
+    defs = build_definitions(Settings.from_env(home=home, inbox=tiny_corpus))
     assert isinstance(_schedule(nightly_purge, defs, instance), dg.SkipReason)
     [request] = _schedule(nightly_ingest, defs, instance)
     assert len(instance.get_dynamic_partitions("documents")) == 4

@@ -4,7 +4,8 @@ import re
 import pytest
 
 from lexgraph.ids import content_hash, document_id
-from lexgraph.sources import DocumentError, iter_corpus_files, read_document
+from lexgraph.extract.readers import DocumentError, read_document
+from lexgraph.inbox import iter_corpus_files
 from tests.helpers import write
 
 SAFE_ID = re.compile(r"[a-z0-9._-]+")

@@ -12,14 +12,13 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from lexgraph import keywords as kw
-from lexgraph.extract_store import ExtractStore
-from lexgraph.knn import DEFAULT_K, KnnGraph, KnnUpdate, lexical_knn, semantic_knn
-from lexgraph.pagerank import pagerank
-from lexgraph.pipeline import KEYWORD_STATS, KEYWORDS
-from lexgraph.skeleton import SelectionDiff, select_skeleton, selection_diff, skeleton_size
+from lexgraph.extract import keywords as kw
+from lexgraph.storage.extract_store import ExtractStore
+from lexgraph.build.knn import DEFAULT_K, KnnGraph, KnnUpdate, lexical_knn, semantic_knn
+from lexgraph.build.pagerank import pagerank
+from lexgraph.build.pipeline import KEYWORD_STATS, KEYWORDS
+from lexgraph.build.skeleton import DEFAULT_BETA, SelectionDiff, select_skeleton, selection_diff, skeleton_size
 
-DEFAULT_BETA = 0.8
 # Exact neighbours up to this many chunks (incremental == rebuild); HNSW candidates beyond it.
 EXACT_KNN_LIMIT = 20_000
 

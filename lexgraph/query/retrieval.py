@@ -17,19 +17,20 @@ import numpy as np
 import polars as pl
 import scipy.sparse as sp
 
-from lexgraph import corpus_index as ci
-from lexgraph.evaluation import document_key
-from lexgraph.extract_store import ExtractStore
-from lexgraph.keywords import STOPWORDS, sentence_keywords
+from lexgraph.build import corpus_index as ci
+from lexgraph.evaluation.metrics import document_key
+from lexgraph.storage.extract_store import ExtractStore
+from lexgraph.extract.keywords import STOPWORDS, sentence_keywords
 from lexgraph.settings import Settings
-from lexgraph.vector_store import KEYWORDS, VectorStore
+from lexgraph.storage.vector_store import KEYWORDS, VectorStore
 
 METHODS = ("dense", "bm25", "keyword", "hybrid")
 DEFAULT_TOP_N = 50
 _TOKEN = re.compile(r"[^\W_]+")
 # "WolfgangSchulz" (a chat speaker) and "Wolfgang" (in the question) must meet: split camel case.
 _CAMEL = re.compile(r"(?<=[a-z])(?=[A-Z])")
-CHUNK_COLUMNS = ("chunk_id", "doc_id", "order", "text", "char_start", "char_end", "token_count", "source_path")
+CHUNK_COLUMNS = ("chunk_id", "doc_id", "order", "text", "char_start", "char_end", "token_count", "source_path",
+                 "heading_path", "page_start", "page_end")
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,18 @@ class Hit:
     token_count: int
     source_path: str
     rank: int = 0
+    heading_path: str = ""
+    page_start: int | None = None  # pages where the format has them (PDF pages, PPTX slides)
+    page_end: int | None = None
+
+    @property
+    def citation(self) -> str:
+        """``report.pdf p. 3 [chars 120–480]``: what a reader needs to find the passage."""
+        pages = ""
+        if self.page_start is not None:
+            pages = f" p. {self.page_start}" if self.page_end in (None, self.page_start) else \
+                f" pp. {self.page_start}–{self.page_end}"
+        return f"{self.source_path}{pages} [chars {self.char_start}–{self.char_end}]"
 
     @property
     def doc_key(self) -> str:
@@ -400,7 +413,8 @@ class Retriever:
         for rank, row in enumerate(rows.tolist(), 1):
             r = chunks.row(row, named=True)
             out.append(Hit(r["chunk_id"], r["doc_id"], float(scores[row]), r["text"], int(r["char_start"]),
-                           int(r["char_end"]), int(r["token_count"]), r["source_path"], rank))
+                           int(r["char_end"]), int(r["token_count"]), r["source_path"], rank,
+                           r.get("heading_path") or "", r.get("page_start"), r.get("page_end")))
         return out
 
 

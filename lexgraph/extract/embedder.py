@@ -32,6 +32,25 @@ def resolve_model_path(model_name: str) -> str:
     )
 
 
+def model_input_limit(model_name: str) -> int:
+    """Word pieces the model embeds, from its own configuration (sentence-transformers'
+    max_seq_length, capped by the transformer's positions), less [CLS] and [SEP]: 254 for
+    all-MiniLM-L6-v2. Read without loading the model, so settings can be checked up front."""
+    import json
+
+    folder = Path(resolve_model_path(model_name))
+    limits = []
+    for name, key in (("sentence_bert_config.json", "max_seq_length"), ("config.json", "max_position_embeddings")):
+        path = folder / name
+        if path.exists():
+            value = json.loads(path.read_text()).get(key)
+            if isinstance(value, int) and value > 2:
+                limits.append(value)
+    if not limits:
+        raise ValueError(f"{folder}: no max_seq_length or max_position_embeddings in the model's configuration")
+    return min(limits) - 2
+
+
 @dataclass
 class EmbeddingStats:
     texts: int = 0

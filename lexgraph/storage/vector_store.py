@@ -157,6 +157,7 @@ class VectorStore:
         table = self._table(CHUNKS)
         if table is None:
             return pl.DataFrame(), np.zeros((0, 0), dtype=np.float32)
+        columns = tuple(c for c in columns if c in table.schema.names)  # optional ones may be absent
         data = table.to_arrow().select([*columns, "vector"])
         vectors = data.column("vector").combine_chunks().values.to_numpy().reshape(data.num_rows, -1)
         return pl.from_arrow(data.select(list(columns))), vectors.astype(np.float32, copy=False)

@@ -12,15 +12,15 @@ from typing import Callable, Iterable
 
 import polars as pl
 
-from lexgraph.chunking import TokenCounter, chunk_text
-from lexgraph.embedder import Embedder
-from lexgraph.extract_store import ExtractStore
+from lexgraph.extract.chunking import TokenCounter, chunk_text
+from lexgraph.extract.embedder import Embedder
+from lexgraph.storage.extract_store import ExtractStore
 from lexgraph.ids import chunk_id
-from lexgraph.keywords import KeywordExtraction, extract_keywords, keyword_stats
-from lexgraph.graph_store import GraphStore
+from lexgraph.extract.keywords import KeywordExtraction, extract_keywords, keyword_stats
+from lexgraph.storage.graph_store import GraphStore
 from lexgraph.settings import Settings
-from lexgraph.sources import DocumentError, SourceDocument, read_document
-from lexgraph.vector_store import VectorStore
+from lexgraph.extract.readers import DocumentError, SourceDocument, read_document
+from lexgraph.storage.vector_store import VectorStore
 
 SOURCES, CHUNKS, VECTORS = "sources", "chunks", "vectors"
 KEYWORDS, KEYWORD_STATS = "keywords", "keyword_stats"

@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import html.parser
-import os
 import re
 import unicodedata
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from lexgraph.chunking import HEADING
+from lexgraph.extract.chunking import HEADING
 from lexgraph.errors import FileProblem
 from lexgraph.ids import content_hash, document_id
 
@@ -152,21 +151,3 @@ def read_document(path: str | Path, root: str | Path | None = None) -> SourceDoc
         size_bytes=stat.st_size,
         modified_at=datetime.fromtimestamp(stat.st_mtime, tz=timezone.utc),
     )
-
-
-def iter_corpus_files(root: str | Path) -> list[Path]:
-    """Every visible file under root (or root itself), sorted so ingestion order is stable.
-
-    Unsupported types are returned too: read_document rejects them with a message rather
-    than the scan dropping them silently.
-    """
-    root = Path(root)
-    if root.is_file():
-        return [root]
-    if not root.is_dir():
-        raise FileNotFoundError(f"{root}: no such file or folder")
-    files = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        files.extend(Path(dirpath) / name for name in sorted(filenames))
-    return [f for f in files if not f.name.startswith(".")]

@@ -1,0 +1,1 @@
+"""Benchmark metrics, question files and the retrieval benchmark."""

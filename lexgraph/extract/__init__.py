@@ -1,0 +1,1 @@
+"""Reading, normalising, chunking, embedding and keyword extraction: what each document yields."""

@@ -1,0 +1,70 @@
+"""The index facade: one object per Settings that the CLI, the Dagster resources and the bench
+use to reach an index's stores, its model and its query side."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from functools import cached_property
+from typing import Iterator
+
+from lexgraph.build.corpus_index import CorpusFiles
+from lexgraph.settings import Settings
+from lexgraph.storage.extract_store import ExtractStore
+from lexgraph.storage.graph_store import GraphStore
+from lexgraph.storage.vector_store import VectorStore
+
+
+class EmptyIndexError(LookupError):
+    """Nothing is indexed under these settings yet."""
+
+
+class LexIndex:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+
+    @cached_property
+    def extract_store(self) -> ExtractStore:
+        return ExtractStore(self.settings.extract_dir)
+
+    @cached_property
+    def vectors(self) -> VectorStore:
+        return VectorStore(self.settings.lance_uri)
+
+    @cached_property
+    def corpus_files(self) -> CorpusFiles:
+        return CorpusFiles(self.settings.index_dir)
+
+    def embedder(self):
+        from lexgraph.extract.embedder import Embedder
+
+        return Embedder.shared(self.settings.embed_model)
+
+    @contextmanager
+    def graph_writer(self) -> Iterator[GraphStore]:
+        with GraphStore.writer(self.settings.graph_path) as graph:
+            yield graph
+
+    @contextmanager
+    def graph_reader(self) -> Iterator[GraphStore]:
+        graph = GraphStore(self.settings.graph_path)
+        try:
+            yield graph
+        finally:
+            graph.close()
+
+    def retriever(self, params=None):
+        """A retriever over this index's chunks, keywords and corpus graph, loaded into memory."""
+        from lexgraph.query.retrieval import Retriever, load_index
+
+        if self.vectors.count("chunks") == 0:
+            raise EmptyIndexError(f"the index {self.settings.index_dir} is empty")
+        embedder = self.embedder()
+        return Retriever(load_index(self.settings, params), lambda text: embedder.embed([text])[0], params,
+                         embedder.embed)
+
+    def search(self, text: str, k: int = 5, method: str = "hybrid"):
+        """Top-k chunks for a query by one retrieval method (hybrid by default)."""
+        if not text.strip():
+            raise ValueError("the query is empty")
+        if k < 1:
+            raise ValueError(f"k must be at least 1, got {k}")
+        return self.retriever().search(method, text, k)

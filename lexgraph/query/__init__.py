@@ -1,0 +1,1 @@
+"""Retrieval channels over a built index."""

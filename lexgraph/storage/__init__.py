@@ -1,0 +1,1 @@
+"""Stores: Parquet extract files, LanceDB vectors, the embedded Kùzu graph."""
