@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from lexgraph.evaluation import bench
+from lexgraph.evaluation import corpus as corpus_mod
 from orchestration.cli import main
 from tests.conftest import ROOT, copy_corpus
 
@@ -129,14 +130,14 @@ def test_one_large_file_is_split_into_parts(tmp_path):
     big = tmp_path / "book.md"
     paragraphs = [f"Paragraph {i} " + "word " * 150 for i in range(12)]
     big.write_text("# Part one\n\n" + "\n\n".join(paragraphs[:6]) + "\n\n## Part two\n\n" + "\n\n".join(paragraphs[6:]))
-    parts = bench.split_text_file(big, limit=2000)
+    parts = corpus_mod.split_text_file(big, limit=2000)
     assert all(name.startswith("book-part-") and name.endswith(".md") for name, _ in parts)
     assert all(len(text) <= 2000 + 200 for _, text in parts)
     assert any(text.startswith("## Part two") for _, text in parts)  # a level-2 heading opens a part
     joined = " ".join(text for _, text in parts)
     assert all(f"Paragraph {i} " in joined for i in range(12))
     prepared = bench.prepare_corpus(big, tmp_path / "cache")
-    assert prepared.kind == "file" and len(list(prepared.folder.glob("book-part-*.md"))) == len(bench.split_text_file(big))
+    assert prepared.kind == "file" and len(list(prepared.folder.glob("book-part-*.md"))) == len(corpus_mod.split_text_file(big))
 
 
 def test_benchmark_asset_materializes_on_the_indexed_inbox(benched, tmp_path):

@@ -13,6 +13,7 @@ import numpy as np
 import polars as pl
 
 from lexgraph.extract import keywords as kw
+from lexgraph.ids import content_hash
 from lexgraph.storage.extract_store import ExtractStore
 from lexgraph.build.knn import DEFAULT_K, KnnGraph, KnnUpdate, lexical_knn, semantic_knn
 from lexgraph.build.pagerank import pagerank
@@ -31,6 +32,15 @@ def knn_mode(requested: str, n_chunks: int) -> str:
     return "exact" if n_chunks <= EXACT_KNN_LIMIT else "approx"
 
 
+# The corpus assets, in the order the corpus job runs them; each records the catalog it was built from.
+CORPUS_STEPS = ("chunk_knn_graph", "chunk_pagerank", "skeleton_selection", "keyword_index")
+
+
+def catalog_digest(indexed: dict[str, str]) -> str:
+    """One hash of the indexed state (doc_id -> content hash of every document in the catalog)."""
+    return content_hash("\n".join(f"{doc}={digest}" for doc, digest in sorted(indexed.items())))
+
+
 class CorpusFiles:
     """Paths of the corpus-wide state of one index version."""
 
@@ -44,6 +54,28 @@ class CorpusFiles:
         self.skeleton_diff = self.root / "skeleton_diff.json"
         self.keyword_index = self.root / "keyword_index.parquet"
         self.keyword_contrib = self.root / "keyword_contrib"  # each document's stats as added
+        self.built_from = self.root / "built_from.json"  # step -> catalog digest it was built from
+
+    def record_built(self, step: str, digest: str) -> None:
+        """Written last by each corpus step, so a crash before it leaves the step out of date."""
+        built = self.built_digests()
+        built[step] = digest
+        self.root.mkdir(parents=True, exist_ok=True)
+        partial = self.built_from.with_suffix(".tmp")
+        partial.write_text(json.dumps(built, indent=1, sort_keys=True))
+        partial.replace(self.built_from)
+
+    def built_digests(self) -> dict[str, str]:
+        try:
+            return json.loads(self.built_from.read_text())
+        except (FileNotFoundError, ValueError):
+            return {}
+
+    def stale_steps(self, indexed: dict[str, str]) -> list[str]:
+        """Corpus steps not built from this catalog: the corpus index must be updated when any is."""
+        digest = catalog_digest(indexed)
+        built = self.built_digests()
+        return [step for step in CORPUS_STEPS if built.get(step) != digest]
 
     def write(self, path: Path, frame: pl.DataFrame) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -58,6 +58,7 @@ class IngestOutcome(Protocol):
     unchanged: int
     failed: dict[str, str]
     runs: list[str]
+    corpus_run: str | None
     corpus_index_ok: bool | None
     corpus_error: str | None
 
@@ -88,7 +89,8 @@ def ensure_index(corpus: PreparedCorpus, indexer: CorpusIndexer, progress: bool 
         raise BenchError(f"{corpus.index_home}: the corpus-wide index (KNN graph, keywords) failed to build: "
                          f"{report.corpus_error}")
     build = IndexBuild(report.new, report.changed, report.unchanged, dict(report.failed),
-                       time.perf_counter() - start, embedder.stats.tokens - before, len(report.runs),
+                       time.perf_counter() - start, embedder.stats.tokens - before,
+                       len(report.runs) + (1 if report.corpus_run else 0),
                        reused=report.new == 0 and report.changed == 0)
     _record_build(corpus.home, build)
     return settings, build
