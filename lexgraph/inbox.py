@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from lexgraph.ids import content_hash, document_id
-from lexgraph.extract.readers import SUPPORTED_SUFFIXES, DocumentError, decode_text
+from lexgraph.extract.readers import probe_problem
 
 
 @dataclass(frozen=True)
@@ -35,14 +35,7 @@ class ReconcilePlan:
 def _inspect(path: Path, relative: str) -> FileState:
     stat = path.stat()
     raw = path.read_bytes()
-    problem = None
-    if path.suffix.lower() not in SUPPORTED_SUFFIXES:
-        problem = f"{path}: unsupported file type {path.suffix or '(none)'}"
-    else:
-        try:
-            decode_text(raw, path)
-        except DocumentError as error:
-            problem = str(error)
+    problem = probe_problem(path, raw)  # cheap and format-aware; full parsing happens at ingestion
     return FileState(document_id(relative), relative, stat.st_size, stat.st_mtime_ns, content_hash(raw), problem)
 
 

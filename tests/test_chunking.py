@@ -302,3 +302,69 @@ def test_word_piece_windows_of_one_word_are_not_repacked_over_budget(model):
         "BUG (chunking.chunk_text packing mid-word windows): "
         f"{[(c.text, c.token_count, r) for c, r in zip(chunks, real)]} (text, token_count, real) with budget {budget}"
     )
+
+
+# --- CommonMark block structure (markdown-it-py) ---
+
+
+def test_setext_headings_are_headings(model):
+    text = "Fleet Report\n============\n\nThe fleet grew.\n\nVessels\n-------\n\nTwo joined.\n\n### Faults\n\nOne fault.\n"
+    blocks = list(markdown_blocks(text))
+    assert [b.kind for b in blocks] == ["heading", "paragraph", "heading", "paragraph", "heading", "paragraph"]
+    assert text[blocks[0].start:blocks[0].end] == "Fleet Report\n============"
+    chunks = chunks_of(model, text, 128)
+    assert_chunk_invariants(model, text, chunks, 128)
+    paths = {c.text.splitlines()[-1]: c.heading_path for c in chunks}
+    assert paths == {"The fleet grew.": ("Fleet Report",), "Two joined.": ("Fleet Report", "Vessels"),
+                     "One fault.": ("Fleet Report", "Vessels", "Faults")}
+
+
+def test_a_four_backtick_fence_is_not_closed_by_three(model):
+    code = "````markdown\n```python\nprint('inner')\n```\n# not a heading\n````"
+    text = f"# Guide\n\n{code}\n\n## After\n\nbody after\n"
+    blocks = list(markdown_blocks(text))
+    assert [(b.kind, text[b.start:b.end]) for b in blocks] == [
+        ("heading", "# Guide"), ("code", code), ("heading", "## After"), ("paragraph", "body after")]
+    chunks = chunks_of(model, text, 64)
+    assert_chunk_invariants(model, text, chunks, 64)
+    assert _whole_in_some_chunk(chunks, text.index(code), text.index(code) + len(code))
+    assert {c.heading_path for c in chunks} == {("Guide",), ("Guide", "After")}
+
+
+def test_unclosed_fence_runs_to_the_end_and_tildes_need_tildes(model):
+    text = "~~~\ncode line\n```\n# still code\n"
+    assert [b.kind for b in markdown_blocks(text)] == ["code"]
+
+
+def test_lists_quotes_and_indented_code_are_blocks_with_offsets(model):
+    text = ("Intro line.\n\n- first item\n- second item\n\n  continued item text\n\n> quoted\n> words\n\n"
+            "    indented code\n\n***\n\n| a | b |\n|---|---|\n| 1 | 2 |\n")
+    blocks = list(markdown_blocks(text))
+    assert [(b.kind, text[b.start:b.end]) for b in blocks] == [
+        ("paragraph", "Intro line."),
+        ("paragraph", "- first item\n- second item\n\n  continued item text"),
+        ("paragraph", "> quoted\n> words"),
+        ("code", "    indented code"),
+        ("table", "| a | b |\n|---|---|\n| 1 | 2 |"),
+    ]
+
+
+def test_blocks_are_the_same_when_the_text_is_parsed_in_windows(model, monkeypatch):
+    """Long files are parsed a window of lines at a time; blocks cut by a window edge must come out whole."""
+    import lexgraph.extract.chunking as chunking
+
+    text = "".join(
+        f"Section {i}\n{'=======' if i % 2 else '-------'}\n\npara {i} line one\nline two\n\n```\ncode {i}\n\n```\n\n"
+        f"| h | {i} |\n|---|---|\n| x | y |\n\n- item\n\n  more\n\n"
+        for i in range(40))
+    whole = list(markdown_blocks(text))
+    monkeypatch.setattr(chunking, "_WINDOW_LINES", 3)
+    assert list(markdown_blocks(text)) == whole
+    assert sum(b.kind == "heading" for b in whole) == 40 and sum(b.kind == "code" for b in whole) == 40
+
+
+def test_crlf_text_keeps_offsets(model):
+    text = "Title\r\n=====\r\n\r\nbody one\r\nbody two\r\n"
+    blocks = list(markdown_blocks(text))
+    assert [(b.kind, text[b.start:b.end], b.heading_path) for b in blocks] == [
+        ("heading", "Title\r\n=====", ("Title",)), ("paragraph", "body one\r\nbody two", ("Title",))]

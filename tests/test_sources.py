@@ -111,7 +111,8 @@ def test_text_is_nfc_normalised(tmp_path):
         ("spaces.txt", b"  \n\t\r\n  \n", "only whitespace"),
         ("binary.md", b"# looks like text\x00\x01\x02 but has NUL", "binary"),
         ("latin1.md", b"abc\xff def", "not valid UTF-8 (byte 0xff at offset 3)"),
-        ("report.pdf", b"%PDF-1.7 fake", "unsupported file type .pdf"),
+        ("report.pdf", b"%PDF-1.7 fake", "corrupt or unreadable PDF"),
+        ("sheet.xlsx", b"PK\x03\x04 fake", "unsupported file type .xlsx"),
         ("no_suffix", b"plain words", "unsupported file type (none)"),
     ],
 )

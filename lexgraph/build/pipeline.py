@@ -19,7 +19,8 @@ from lexgraph.ids import chunk_id
 from lexgraph.extract.keywords import KeywordExtraction, extract_keywords, keyword_stats
 from lexgraph.storage.graph_store import GraphStore
 from lexgraph.settings import Settings
-from lexgraph.extract.readers import DocumentError, SourceDocument, read_document
+from lexgraph.extract.readers import PLAIN_TEXT_FORMATS, DocumentError, SourceDocument, read_document
+from lexgraph.extract.source_texts import page_of, save_source_text
 from lexgraph.storage.vector_store import VectorStore
 
 SOURCES, CHUNKS, VECTORS = "sources", "chunks", "vectors"
@@ -46,9 +47,10 @@ def save_source(document: SourceDocument, store: ExtractStore, version: str) -> 
         "doc_id": document.doc_id, "uri": document.uri, "relative_path": document.relative_path,
         "title": document.title, "format": document.format, "content_hash": document.content_hash,
         "size_bytes": document.size_bytes, "modified_at": document.modified_at, "version": version,
-        "text": document.text,
+        "text": document.text, "page_starts": list(document.page_starts),
     }
-    store.write(SOURCES, document.doc_id, pl.DataFrame([row]))
+    save_source_text(document, store)  # every version's text stays, so old citations can be shown
+    store.write(SOURCES, document.doc_id, pl.DataFrame([row], schema_overrides={"page_starts": pl.List(pl.Int64)}))
 
 
 def load_sources(paths: dict[str, Path | None], root: Path, store: ExtractStore, version: str) -> StageResult:
@@ -70,12 +72,14 @@ def load_sources(paths: dict[str, Path | None], root: Path, store: ExtractStore,
 
 
 def chunk_frame(source: dict, counter: TokenCounter, max_tokens: int) -> pl.DataFrame:
-    chunks = chunk_text(source["text"], counter, max_tokens, markdown=source["format"] != "text")
+    chunks = chunk_text(source["text"], counter, max_tokens, markdown=source["format"] not in PLAIN_TEXT_FORMATS)
+    pages = source.get("page_starts") or []  # PDF pages, PPTX slides; none for other formats
     rows = [
         {
             "chunk_id": chunk_id(source["doc_id"], c.order, c.text),
             "doc_id": source["doc_id"], "order": c.order, "text": c.text,
             "char_start": c.char_start, "char_end": c.char_end,
+            "page_start": page_of(pages, c.char_start), "page_end": page_of(pages, c.char_end - 1),
             "heading_path": HEADING_SEPARATOR.join(c.heading_path), "token_count": c.token_count,
             "source_path": source["relative_path"], "content_hash": source["content_hash"],
         }
@@ -87,7 +91,7 @@ def chunk_frame(source: dict, counter: TokenCounter, max_tokens: int) -> pl.Data
 CHUNK_COLUMNS = {
     "chunk_id": pl.Utf8, "doc_id": pl.Utf8, "order": pl.Int32, "text": pl.Utf8, "char_start": pl.Int64,
     "char_end": pl.Int64, "heading_path": pl.Utf8, "token_count": pl.Int32, "source_path": pl.Utf8,
-    "content_hash": pl.Utf8,
+    "content_hash": pl.Utf8, "page_start": pl.Int32, "page_end": pl.Int32,
 }
 
 

@@ -10,9 +10,9 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Protocol
 
+from markdown_it import MarkdownIt
+
 _LINE = re.compile(r"[^\n]*\n?")
-HEADING = re.compile(r"(#{1,6})[ \t]+(.*?)[ \t#]*$")
-_FENCE = re.compile(r"(```|~~~)")
 # The gap after a sentence end (and any closing quote or bracket, which stays with its sentence).
 _SENTENCE_END = re.compile(r"[.!?;][\"')\]]*(?P<gap>\s+)|\n+")
 # Blocks are token-counted in groups so a 50 MB file never tokenises in one call.
@@ -54,52 +54,101 @@ def _lines(text: str) -> Iterator[tuple[int, int, str]]:
         yield match.start(), match.start() + len(line), line
 
 
+def _paragraph_blocks(text: str) -> Iterator[Block]:
+    """Plain text: runs of non-blank lines are paragraphs; nothing is read as Markdown."""
+    open_start = open_end = -1
+    for start, end, line in _lines(text):
+        if not line.strip():
+            if open_start >= 0:
+                yield Block(open_start, open_end, "paragraph", ())
+            open_start = -1
+            continue
+        if open_start < 0:
+            open_start = start
+        open_end = end
+    if open_start >= 0:
+        yield Block(open_start, open_end, "paragraph", ())
+
+
+# Top-level markdown-it tokens and the block kind each one is.
+_KINDS = {
+    "heading_open": "heading", "paragraph_open": "paragraph", "fence": "code", "code_block": "code",
+    "table_open": "table", "bullet_list_open": "paragraph", "ordered_list_open": "paragraph",
+    "blockquote_open": "paragraph", "html_block": "paragraph",
+}
+# Lines parsed at a time by the CommonMark parser.
+_WINDOW_LINES = 4096
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+def _commonmark() -> MarkdownIt:
+    """CommonMark block rules plus GFM tables; inline parsing is skipped (only block spans are needed)."""
+    parser = MarkdownIt("commonmark").enable("table")
+    parser.disable(["inline", "text_join"], ignoreInvalid=True)
+    return parser
+
+
+_PARSER = _commonmark()
+
+
+def _top_level_blocks(text: str, line_starts: list[int]) -> Iterator[tuple[int, int, str, str, int]]:
+    """(first line, end line, kind, heading text, heading level) of each top-level CommonMark block.
+
+    The text is parsed in windows of lines so a huge file never becomes one token list. Only the
+    last block of a window can still grow (a paragraph continued, a fence not yet closed, a
+    setext underline below it), so it is parsed again at the head of the next window.
+    """
+    total = len(line_starts) - 1
+    first, window = 0, _WINDOW_LINES
+    while first < total:
+        last = min(total, first + window)
+        tokens = _PARSER.parse(text[line_starts[first] : line_starts[last]])
+        blocks = []
+        for index, token in enumerate(tokens):
+            if token.level != 0 or token.nesting < 0 or token.map is None:
+                continue
+            kind = _KINDS.get(token.type)
+            if kind is None:
+                continue  # thematic breaks carry no text
+            title, level = "", 0
+            if kind == "heading":
+                title, level = " ".join(tokens[index + 1].content.split()), int(token.tag[1])
+            blocks.append((first + token.map[0], first + token.map[1], kind, title, level))
+        if last < total and blocks and blocks[-1][0] > first:
+            yield from blocks[:-1]
+            first, window = blocks[-1][0], _WINDOW_LINES
+        elif last < total and not blocks:
+            first = last  # only blank lines, rules or link definitions: nothing can continue
+        elif last < total:
+            window *= 2  # one block fills the window: widen it
+        else:
+            yield from blocks
+            return
+
+
 def markdown_blocks(text: str, markdown: bool = True) -> Iterator[Block]:
-    """Headings, paragraphs, tables and fenced code blocks with their spans and heading path."""
+    """Headings (ATX and setext), paragraphs, lists, tables and fenced or indented code blocks, as
+    CommonMark reads them, with their character spans and heading path. markdown=False: paragraphs."""
+    if not markdown:
+        yield from _paragraph_blocks(text)
+        return
+    # Line i spans [line_starts[i], line_starts[i + 1]); markdown-it counts \r\n, \r and \n as one break each.
+    line_starts = [0] + [m.end() for m in _LINE_BREAK.finditer(text)]
+    if line_starts[-1] != len(text):
+        line_starts.append(len(text))
     path: tuple[str, ...] = ()
     levels: tuple[int, ...] = ()
-    open_start = open_end = -1
-    open_kind = ""
-    fence = ""
-
-    def close() -> Iterator[Block]:
-        nonlocal open_start, open_kind
-        if open_start >= 0:
-            yield Block(open_start, open_end, open_kind, path)
-        open_start, open_kind = -1, ""
-
-    for start, end, line in _lines(text):
-        stripped = line.strip()
-        if markdown and fence:
-            open_end = end
-            if stripped.startswith(fence):
-                fence = ""
-                yield from close()
+    for first, end_line, kind, title, level in _top_level_blocks(text, line_starts):
+        start, end = line_starts[first], line_starts[end_line]
+        while end > start and text[end - 1].isspace():
+            end -= 1
+        if end <= start:
             continue
-        if markdown and _FENCE.match(stripped):
-            yield from close()
-            fence = stripped[:3]
-            open_start, open_end, open_kind = start, end, "code"
-            continue
-        if not stripped:
-            yield from close()
-            continue
-        heading = HEADING.match(stripped) if markdown else None
-        if heading:
-            yield from close()
-            level = len(heading.group(1))
+        if kind == "heading" and title:
             keep = sum(1 for lv in levels if lv < level)
             levels = levels[:keep] + (level,)
-            path = path[:keep] + (heading.group(2).strip(),)
-            yield Block(start, end, "heading", path)
-            continue
-        kind = "table" if markdown and stripped.startswith("|") else "paragraph"
-        if open_start >= 0 and open_kind != kind:
-            yield from close()
-        if open_start < 0:
-            open_start, open_kind = start, kind
-        open_end = end
-    yield from close()
+            path = path[:keep] + (title,)
+        yield Block(start, end, kind, path)
 
 
 def _sentence_spans(text: str, start: int, end: int, by_line: bool) -> list[tuple[int, int]]:

@@ -1,20 +1,28 @@
-"""Reading source files into normalised text, with a clear error for anything unreadable."""
+"""Reading source files into normalised text, with a clear error for anything unreadable.
+
+Every format becomes normalised Markdown (headings, pipe tables, fenced code) that the chunker
+reads, plus where each page starts for formats that have pages (PDF pages, PPTX slides).
+"""
 from __future__ import annotations
 
-import html.parser
-import re
-import unicodedata
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from lexgraph.extract.chunking import HEADING
 from lexgraph.errors import FileProblem
+from lexgraph.extract import office
+from lexgraph.extract.chunking import markdown_blocks
+from lexgraph.extract.markup import html_to_markdown, normalise_text
 from lexgraph.ids import content_hash, document_id
 
-SUPPORTED_SUFFIXES = (".md", ".markdown", ".txt", ".text", ".html", ".htm")
+TEXT_SUFFIXES = (".md", ".markdown", ".txt", ".text", ".html", ".htm")
+BINARY_SUFFIXES = (".pdf", ".docx", ".pptx")
+SUPPORTED_SUFFIXES = TEXT_SUFFIXES + BINARY_SUFFIXES
+# Formats whose text is not Markdown: chunked as plain paragraphs.
+PLAIN_TEXT_FORMATS = ("text", "pdf")
 # Bytes sniffed for binary content; NUL bytes never occur in real text files.
 _SNIFF_BYTES = 8192
+_TITLE_LINES = 20
 
 
 class DocumentError(FileProblem):
@@ -27,11 +35,12 @@ class SourceDocument:
     uri: str
     relative_path: str
     title: str
-    format: str  # "markdown" | "text" | "html"
-    text: str
+    format: str  # "markdown" | "text" | "html" | "pdf" | "docx" | "pptx"
+    text: str  # normalised Markdown (plain text for "text" and "pdf")
     content_hash: str  # of the raw bytes, so the sensor can compare without parsing
     size_bytes: int
     modified_at: datetime
+    page_starts: tuple[int, ...] = ()  # offset in text where each page (slide) begins; empty without pages
 
 
 def file_format(path: Path) -> str:
@@ -40,6 +49,8 @@ def file_format(path: Path) -> str:
         return "markdown"
     if suffix in (".html", ".htm"):
         return "html"
+    if suffix in BINARY_SUFFIXES:
+        return suffix[1:]
     return "text"
 
 
@@ -59,62 +70,59 @@ def decode_text(raw: bytes, path: str | Path) -> str:
     return text
 
 
-def normalise_text(text: str) -> str:
-    """Unix newlines and NFC, so offsets and hashes do not depend on the editor that wrote the file."""
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
-    return unicodedata.normalize("NFC", text)
+def _title(text: str, path: Path, fallback: str | None = None) -> str:
+    """The first heading in the first lines (ATX or setext), else the file's own title, else its name."""
+    end = -1
+    for _ in range(_TITLE_LINES):
+        end = text.find("\n", end + 1)
+        if end < 0:
+            end = len(text)
+            break
+    for block in markdown_blocks(text[:end]):
+        if block.kind == "heading" and block.heading_path:
+            return block.heading_path[-1]
+    return fallback or path.stem
 
 
-class _HtmlToMarkdown(html.parser.HTMLParser):
-    """Visible text of an HTML page, headings kept as Markdown headings so chunking sees them."""
+def probe_problem(path: str | Path, raw: bytes) -> str | None:
+    """What a cheap look at the bytes says is wrong with the file ("path: problem"), or None.
 
-    _BLOCKS = {"p", "div", "li", "tr", "br", "section", "article", "table", "ul", "ol", "pre", "blockquote"}
-    # Not "head": HTML5 may omit </head>, which would then swallow the whole body.
-    _SKIP = {"script", "style", "title", "noscript", "template"}
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.parts: list[str] = []
-        self._skip_depth = 0
-
-    def handle_starttag(self, tag, attrs):
-        if tag in self._SKIP:
-            self._skip_depth += 1
-        elif self._skip_depth:
-            return
-        elif re.fullmatch(r"h[1-6]", tag):
-            self.parts.append("\n\n" + "#" * int(tag[1]) + " ")
-        elif tag in self._BLOCKS:
-            self.parts.append("\n\n")
-
-    def handle_endtag(self, tag):
-        if tag in self._SKIP:
-            self._skip_depth = max(0, self._skip_depth - 1)
-        elif self._skip_depth:
-            return
-        elif re.fullmatch(r"h[1-6]", tag) or tag in self._BLOCKS:
-            self.parts.append("\n\n")
-
-    def handle_data(self, data):
-        if not self._skip_depth:
-            self.parts.append(re.sub(r"\s+", " ", data))
+    Text formats must decode as UTF-8; binary formats only need a plausible container signature
+    here (full parsing happens in read_document)."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in SUPPORTED_SUFFIXES:
+        return str(DocumentError(path, f"unsupported file type {suffix or '(none)'}; "
+                                       f"expected one of {', '.join(SUPPORTED_SUFFIXES)}"))
+    if suffix in TEXT_SUFFIXES:
+        try:
+            decode_text(raw, path)
+        except DocumentError as error:
+            return str(error)
+        return None
+    if not raw:
+        return str(DocumentError(path, "file is empty"))
+    problem = office.container_problem(suffix, raw[: office.PDF_HEADER_WINDOW])
+    return str(DocumentError(path, problem)) if problem else None
 
 
-def html_to_text(markup: str) -> str:
-    parser = _HtmlToMarkdown()
-    parser.feed(markup)
-    parser.close()
-    text = "".join(parser.parts)
-    text = re.sub(r"[ \t]+\n", "\n", text)
-    return re.sub(r"\n{3,}", "\n\n", text).strip() + "\n"
-
-
-def _title(text: str, path: Path) -> str:
-    for line in text.splitlines()[:20]:
-        match = HEADING.match(line.strip())
-        if match and match.group(2):
-            return match.group(2).strip()
-    return path.stem
+def _convert(path: Path, raw: bytes, fmt: str) -> office.Converted:
+    """Normalised Markdown of any supported format; DocumentError naming the file if it has none."""
+    if fmt in ("pdf", "docx", "pptx"):
+        problem = office.container_problem(path.suffix.lower(), raw[: office.PDF_HEADER_WINDOW]) if raw else "file is empty"
+        if problem:
+            raise DocumentError(path, problem)
+        convert = {"pdf": office.pdf_to_text, "docx": office.docx_to_markdown, "pptx": office.pptx_to_markdown}[fmt]
+        try:
+            return convert(raw)
+        except office.ConversionError as error:
+            raise DocumentError(path, str(error)) from None
+    text = normalise_text(decode_text(raw, path))
+    if fmt == "html":
+        text = html_to_markdown(text)
+        if not text.strip():
+            raise DocumentError(path, "HTML page has no visible text")
+    return office.Converted(text)
 
 
 def read_document(path: str | Path, root: str | Path | None = None) -> SourceDocument:
@@ -134,20 +142,17 @@ def read_document(path: str | Path, root: str | Path | None = None) -> SourceDoc
         raise DocumentError(path, "file no longer exists (removed after it was scheduled)") from None
     except OSError as exc:
         raise DocumentError(path, f"cannot read file: {exc.strerror or exc}") from None
-    text = normalise_text(decode_text(raw, path))
     fmt = file_format(path)
-    if fmt == "html":
-        text = html_to_text(text)
-        if not text.strip():
-            raise DocumentError(path, "HTML page has no visible text")
+    converted = _convert(path, raw, fmt)
     return SourceDocument(
         doc_id=document_id(relative),
         uri=path.resolve().as_uri(),
         relative_path=relative,
-        title=_title(text, path),
+        title=_title(converted.text, path, converted.title),
         format=fmt,
-        text=text,
+        text=converted.text,
         content_hash=content_hash(raw),
         size_bytes=stat.st_size,
         modified_at=datetime.fromtimestamp(stat.st_mtime, tz=timezone.utc),
+        page_starts=converted.page_starts,
     )

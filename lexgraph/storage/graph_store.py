@@ -14,7 +14,7 @@ SCHEMA = [
     """CREATE NODE TABLE IF NOT EXISTS Source(id STRING, uri STRING, relative_path STRING, title STRING,
         content_hash STRING, version STRING, size_bytes INT64, ingested_at TIMESTAMP, PRIMARY KEY(id))""",
     """CREATE NODE TABLE IF NOT EXISTS Chunk(id STRING, doc_id STRING, ord INT32, text STRING,
-        char_start INT64, char_end INT64, heading_path STRING, token_count INT32,
+        char_start INT64, char_end INT64, page_start INT32, page_end INT32, heading_path STRING, token_count INT32,
         pagerank DOUBLE DEFAULT 0.0, in_skeleton BOOLEAN DEFAULT false, PRIMARY KEY(id))""",
     "CREATE NODE TABLE IF NOT EXISTS Keyword(id STRING, PRIMARY KEY(id))",
     "CREATE REL TABLE IF NOT EXISTS PART_OF(FROM Chunk TO Source)",
@@ -103,7 +103,9 @@ class GraphStore:
         )
         chunk_rows = chunks.select(
             pl.col("chunk_id").alias("id"), "doc_id", pl.col("order").cast(pl.Int32).alias("ord"), "text",
-            "char_start", "char_end", "heading_path", pl.col("token_count").cast(pl.Int32),
+            "char_start", "char_end", *(pl.col(c).cast(pl.Int32) if c in chunks.columns else pl.lit(None, pl.Int32).alias(c)
+                                        for c in ("page_start", "page_end")),
+            "heading_path", pl.col("token_count").cast(pl.Int32),
             pl.lit(0.0).alias("pagerank"), pl.lit(False).alias("in_skeleton"),
         )
         part_of = chunks.select(pl.col("chunk_id").alias("from"), pl.col("doc_id").alias("to"))

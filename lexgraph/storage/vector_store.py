@@ -30,6 +30,8 @@ def chunk_schema(dimension: int) -> pa.Schema:
             ("token_count", pa.int32()),
             ("source_path", pa.string()),
             ("content_hash", pa.string()),
+            ("page_start", pa.int32()),  # pages where the format has them (PDF pages, PPTX slides)
+            ("page_end", pa.int32()),
             ("model", pa.string()),
             ("pagerank", pa.float64()),
             ("in_skeleton", pa.bool_()),
