@@ -10,7 +10,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from lexgraph.extract.readers import SUPPORTED_SUFFIXES
+from lexgraph.extract.readers import TEXT_SUFFIXES
 from lexgraph.inbox import iter_corpus_files
 from lexgraph.ids import content_hash
 
@@ -69,11 +69,11 @@ def prepare_corpus(path: str | Path, cache_root: str | Path) -> PreparedCorpus:
             raise BenchError(f"{source}: the corpus folder holds no files")
     elif source.suffix.lower() == ".zip":
         kind, corpus_hash = "zip", _hash_file(source)
-    elif source.suffix.lower() in SUPPORTED_SUFFIXES:
+    elif source.suffix.lower() in TEXT_SUFFIXES:
         kind, corpus_hash = "file", content_hash(f"{_hash_file(source)}|split{SPLITTER_VERSION}|{SPLIT_CHARS}")
     else:
         raise BenchError(f"{source}: unsupported corpus file type {source.suffix or '(none)'}; "
-                         f"expected a folder, a .zip or one of {', '.join(SUPPORTED_SUFFIXES)}")
+                         f"expected a folder, a .zip or one of {', '.join(TEXT_SUFFIXES)}")
     home = Path(cache_root) / "bench" / f"{_slug(source.stem)}-{corpus_hash[:12]}"
     folder = source if kind == "folder" else home / "corpus"
     if kind != "folder":
