@@ -36,7 +36,12 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     if not path.is_dir():
         print(f"error: {path}: not a folder of documents", file=sys.stderr)
         return 2
-    report = args.ingest(path, _settings(args), prune=args.prune, progress=not args.quiet)
+    settings = _settings(args)  # validated before anything is read or imported
+    try:
+        report = args.ingest(path, settings, prune=args.prune, progress=not args.quiet)
+    except (FileNotFoundError, NotADirectoryError, PermissionError) as error:  # the folder itself
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     print(f"ingested {path}: {report.new} new, {report.changed} changed, {report.unchanged} unchanged, "
           f"{report.removed} removed, {len(report.failed)} failed, in {len(report.runs)} Dagster run(s)"
           + (" and a corpus index update" if report.corpus_run else ""))

@@ -58,8 +58,8 @@ class LexIndex:
         if self.vectors.count("chunks") == 0:
             raise EmptyIndexError(f"the index {self.settings.index_dir} is empty")
         embedder = self.embedder()
-        return Retriever(load_index(self.settings, params), lambda text: embedder.embed([text])[0], params,
-                         embedder.embed)
+        # Queries over the model's input limit are windowed and pooled (chunks never are: they are refused).
+        return Retriever(load_index(self.settings, params), embedder.embed_query, params, embedder.embed_queries)
 
     def search(self, text: str, k: int = 5, method: str = "hybrid"):
         """Top-k chunks for a query by one retrieval method (hybrid by default)."""

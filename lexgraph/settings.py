@@ -17,6 +17,7 @@ CHUNKER_VERSION = "2"
 DEFAULT_CHUNK_TOKENS = 200
 MIN_CHUNK_TOKENS = 16
 KNN_MODES = ("auto", "exact", "approx")
+MIN_KNN_K, MAX_KNN_K = 1, 200
 
 
 class SettingsError(ValueError):
@@ -49,7 +50,7 @@ class Settings:
         for f in fields(cls):
             raw = environ.get(cls.ENV[f.name], "").strip()
             if raw:
-                values[f.name] = _parse(cls.ENV[f.name], raw, f.default)
+                values[f.name] = _parse(cls.ENV[f.name], raw, f.default, environ)
         values.update({k: v for k, v in overrides.items() if v is not None})
         for key in ("home", "inbox"):
             if key in values:
@@ -64,24 +65,23 @@ class Settings:
         return settings
 
     def validate(self) -> None:
-        if not self.collection or "/" in self.collection or self.collection in (".", ".."):
-            raise SettingsError(f"LEXGRAPH_COLLECTION must be a plain folder name, got {self.collection!r}")
-        if self.home.exists() and not self.home.is_dir():
-            raise SettingsError(f"LEXGRAPH_HOME={self.home} is not a folder (it is a file); "
-                                "point it at a folder for the index")
-        try:
-            limit = model_input_limit(self.embed_model)
-        except ValueError as error:
-            raise SettingsError(f"LEXGRAPH_EMBED_MODEL: {error}") from None
+        if (not self.collection or any(c in self.collection for c in '/\\\0')
+                or self.collection in (".", "..")):
+            raise SettingsError(f"LEXGRAPH_COLLECTION must be a plain folder name (no '/' or '\\', not '.' or "
+                                f"'..'), got {self.collection!r}")
+        _check_folder("LEXGRAPH_HOME", Path(self.home))
+        limit = _input_limit(self.embed_model)
         if not MIN_CHUNK_TOKENS <= self.chunk_tokens <= limit:
-            raise SettingsError(f"LEXGRAPH_CHUNK_TOKENS must be between {MIN_CHUNK_TOKENS} and {limit} (the input "
-                                f"limit of {self.embed_model} in word pieces), got {self.chunk_tokens}")
-        if not 1 <= self.knn_k <= 200:
-            raise SettingsError(f"LEXGRAPH_KNN_K must be between 1 and 200, got {self.knn_k}")
+            raise SettingsError(f"LEXGRAPH_CHUNK_TOKENS must be a whole number from {MIN_CHUNK_TOKENS} to {limit} "
+                                f"(the input limit of {self.embed_model} in word pieces), got {self.chunk_tokens}")
+        if not MIN_KNN_K <= self.knn_k <= MAX_KNN_K:
+            raise SettingsError(f"LEXGRAPH_KNN_K must be a whole number from {MIN_KNN_K} to {MAX_KNN_K}, "
+                                f"got {self.knn_k}")
         if self.knn_mode not in KNN_MODES:
             raise SettingsError(f"LEXGRAPH_KNN_MODE must be one of {', '.join(KNN_MODES)}, got {self.knn_mode!r}")
-        if not 0.0 <= self.beta <= 1.0:
-            raise SettingsError(f"LEXGRAPH_BETA must be a number between 0 and 1, got {self.beta}")
+        if not 0.0 <= self.beta <= 1.0:  # also refuses nan
+            raise SettingsError(f"LEXGRAPH_BETA must be a number from 0 to 1 (the share of chunks selected "
+                                f"for extraction), got {self.beta}")
 
     @property
     def index_version(self) -> str:
@@ -104,8 +104,38 @@ class Settings:
         return str(self.index_dir / "graph.kuzu")
 
 
-def _parse(variable: str, raw: str, default):
-    """Parse a variable to its field's type; a bad value names the variable."""
+# What each numeric variable accepts, for messages about values that are not numbers at all.
+_ALLOWED = {"LEXGRAPH_CHUNK_TOKENS": lambda env: f"from {MIN_CHUNK_TOKENS} to {_input_limit(_model(env), 254)}",
+            "LEXGRAPH_KNN_K": lambda env: f"from {MIN_KNN_K} to {MAX_KNN_K}",
+            "LEXGRAPH_BETA": lambda env: "from 0 to 1"}
+
+
+def _model(environ: Mapping[str, str]) -> str:
+    return environ.get("LEXGRAPH_EMBED_MODEL", "").strip() or DEFAULT_MODEL
+
+
+def _input_limit(model: str, fallback: int | None = None) -> int:
+    try:
+        return model_input_limit(model)
+    except (ValueError, OSError) as error:
+        if fallback is not None:
+            return fallback
+        raise SettingsError(f"LEXGRAPH_EMBED_MODEL must be {DEFAULT_MODEL} (bundled) or a local folder holding a "
+                            f"sentence-transformers model: {error}") from None
+
+
+def _check_folder(variable: str, path: Path) -> None:
+    """The folder need not exist yet, but neither it nor any parent may be a file."""
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            if not candidate.is_dir():
+                where = "it is a file" if candidate == path else f"{candidate} is a file"
+                raise SettingsError(f"{variable}={path} must be a folder for the index, but {where}")
+            return
+
+
+def _parse(variable: str, raw: str, default, environ: Mapping[str, str]):
+    """Parse a variable to its field's type; a bad value names the variable and what it accepts."""
     kind = type(default)
     try:
         if kind is int:
@@ -113,5 +143,7 @@ def _parse(variable: str, raw: str, default):
         if kind is float:
             return float(raw)
     except ValueError:
-        raise SettingsError(f"{variable} must be a {'whole number' if kind is int else 'number'}, got {raw!r}") from None
+        allowed = _ALLOWED[variable](environ) if variable in _ALLOWED else ""
+        raise SettingsError(f"{variable} must be a {'whole number' if kind is int else 'number'} "
+                            f"{allowed}, got {raw!r}".replace("  ", " ")) from None
     return raw

@@ -1,23 +1,35 @@
-"""The `lexgraph` console script: the engine's CLI with Dagster-driven ingestion handed in."""
+"""The `lexgraph` console script: the engine's CLI with Dagster-driven ingestion handed in.
+
+Dagster (and orchestration.definitions, which builds its Definitions from the environment when
+imported) is imported only when a command needs it, after the settings were validated: a bad
+LEXGRAPH_* value then ends in the CLI's one-line error, never in an import-time traceback, and
+`status` and `search` start without loading Dagster at all."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lexgraph import cli
 from lexgraph.settings import Settings
-from orchestration.runner import IngestReport, ingest_with_default_instance, private_dagster_instance
+
+if TYPE_CHECKING:
+    from orchestration.runner import IngestReport
 
 
-def ingest(path: Path, settings: Settings, prune: bool = False, progress: bool = True) -> IngestReport:
+def ingest(path: Path, settings: Settings, prune: bool = False, progress: bool = True) -> "IngestReport":
+    from orchestration.runner import ingest_with_default_instance
+
     return ingest_with_default_instance(path, settings=settings, prune=prune, progress=progress)
 
 
-def index_bench_corpus(folder: Path, home: Path, progress: bool) -> IngestReport:
+def index_bench_corpus(folder: Path, home: Path, progress: bool) -> "IngestReport":
     """The bench's cached index, built in an instance of its own (see private_dagster_instance)."""
+    settings = Settings.from_env(home=home)
+    from orchestration.runner import ingest_with_default_instance, private_dagster_instance
+
     with private_dagster_instance():
-        return ingest_with_default_instance(folder, settings=Settings.from_env(home=home), prune=True,
-                                            progress=progress)
+        return ingest_with_default_instance(folder, settings=settings, prune=True, progress=progress)
 
 
 def main(argv: list[str] | None = None) -> int:

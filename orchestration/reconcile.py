@@ -5,11 +5,12 @@ Shared by the inbox sensor, the nightly schedule and the CLI, so all three agree
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import dagster as dg
 
 from lexgraph.ids import short_hash
-from lexgraph.inbox import FileState, ReconcilePlan, plan_reconcile
+from lexgraph.inbox import FileState, KnownProblems, ReconcilePlan, plan_reconcile
 from orchestration.partitions import documents
 
 RANGE_START = "dagster/asset_partition_range_start"
@@ -59,17 +60,39 @@ def range_request(batch: list[str], files: dict[str, FileState], job_name: str =
 
 
 def reconcile(files: dict[str, FileState], indexed: dict[str, str], existing_keys: list[str],
-              purge: bool = True) -> ReconcileRequests:
+              purge: bool = True, *, index_dir: str | Path | None = None, log=None) -> ReconcileRequests:
     """Valid new files are added as partitions first so they form one contiguous range; each invalid
-    file gets a run of its own, which fails with the file's problem without holding up the others."""
-    plan = plan_reconcile(files, indexed, set(existing_keys))
+    new or changed file gets a run of its own, which fails with the file's problem without holding up
+    the others. Entries that are not readable files (FIFOs, devices, link loops, ...) get no run.
+
+    index_dir: the index whose problems.json remembers files that failed at read time: an unchanged
+    known-bad file is reported (plan.known_bad) but not re-run, new problems are recorded, and
+    entries of files since indexed or removed are cleared. log: a logger (the sensor's) that names
+    each newly found problem."""
+    problems = KnownProblems(index_dir) if index_dir is not None else None
+    known_bad = problems.load() if problems else {}
+    plan = plan_reconcile(files, indexed, set(existing_keys), known_bad)
+    fresh = {k: message for k, message in plan.invalid.items() if k not in plan.known_bad}
+    if problems:
+        problems.update(
+            record={k: (files[k].content_hash, files[k].relative_path, message) for k, message in fresh.items()
+                    if files[k].kind != "vanished"},  # a vanished file is looked at again next time
+            clear=[k for k in known_bad if k not in files or indexed.get(k) == files[k].content_hash])
+    if log is not None:
+        for message in fresh.values():
+            log.warning(f"not indexed: {message}")
+        if plan.known_bad:
+            log.info(f"{len(plan.known_bad)} file(s) with a known problem, unchanged, not retried: "
+                     + "; ".join(sorted(files[k].relative_path for k in plan.known_bad)))
     existing = set(existing_keys)
+    to_index = set(plan.to_index)
     valid = [k for k in plan.to_index if k not in plan.invalid]
-    new_keys = [k for k in valid if k not in existing] + [k for k in plan.invalid if k not in existing]
+    failing = [k for k in plan.invalid if k in to_index]  # readable files with a problem: a run each
+    new_keys = [k for k in valid if k not in existing] + [k for k in failing if k not in existing]
     requests = ReconcileRequests(plan=plan, add_partitions=new_keys)
     for batch in contiguous_batches(existing_keys + new_keys, set(valid)):
         requests.ingest_runs.append(range_request(batch, files))
-    for key in plan.invalid:
+    for key in failing:
         requests.ingest_runs.append(range_request([key], files))
     if purge and plan.removed:
         requests.delete_partitions = [k for k in plan.removed if k in existing]

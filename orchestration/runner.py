@@ -44,7 +44,7 @@ def ingest_folder(folder: str | Path, instance: dg.DagsterInstance, home: str | 
     indexed = vectors.indexed_hashes()
     files = scan_folder(folder)
     existing = instance.get_dynamic_partitions(documents.name)
-    requests = reconcile(files, indexed, existing, purge=prune)
+    requests = reconcile(files, indexed, existing, purge=prune, index_dir=settings.index_dir)
     plan = requests.plan
     report = IngestReport(new=len(plan.new), changed=len(plan.changed), unchanged=len(plan.unchanged),
                           removed=len(plan.removed) if prune else 0)

@@ -20,7 +20,7 @@ def inbox_sensor(context: dg.SensorEvaluationContext, inbox: InboxResource, lanc
     previous = states_from_json(json.loads(context.cursor)) if context.cursor else {}
     files = scan_folder(inbox.root(), previous)
     existing = context.instance.get_dynamic_partitions(documents.name)
-    requests = reconcile(files, lancedb.get().indexed_hashes(), existing)
+    requests = reconcile(files, lancedb.get().indexed_hashes(), existing, index_dir=lancedb.index.settings().index_dir, log=context.log)
     plan = requests.plan
     context.log.info(f"inbox: {len(plan.new)} new, {len(plan.changed)} changed, {len(plan.removed)} removed, "
                      f"{len(plan.invalid)} unreadable, {len(plan.unchanged)} unchanged")
@@ -35,7 +35,7 @@ def _scheduled_reconcile(context: dg.ScheduleEvaluationContext, inbox: InboxReso
                          lancedb: LanceDBResource) -> ReconcileRequests:
     """A full re-hash of the inbox (no cursor), as the nightly safety net behind the sensor."""
     existing = context.instance.get_dynamic_partitions(documents.name)
-    return reconcile(scan_folder(inbox.root()), lancedb.get().indexed_hashes(), existing)
+    return reconcile(scan_folder(inbox.root()), lancedb.get().indexed_hashes(), existing, index_dir=lancedb.index.settings().index_dir)
 
 
 # A schedule launches only its own job, so removal and ingestion are two schedules on one reconcile.

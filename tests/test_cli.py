@@ -1,17 +1,44 @@
-"""The `lexgraph` CLI end to end on the bundled sample corpus."""
+"""The `lexgraph` CLI end to end on the bundled sample corpus (plus one slide deck, for page citations)."""
+import re
+
 import pytest
 
 from orchestration.cli import main
 from tests.conftest import copy_corpus
+
+# "1. kestrel-propulsion-profile.md [chars 1163–1517]  score=0.734  Supplier Profile > Management"
+HIT = re.compile(r"^(?P<rank>\d+)\. (?P<file>.+?)(?: (?P<pages>pp?\. [\d–]+))? \[chars (?P<start>\d+)[–-](?P<end>\d+)\]"
+                 r"  score=(?P<score>-?[\d.]+)(?:  (?P<heading>.*))?$")
+
+
+def write_deck(path):
+    """A two-slide PowerPoint deck whose second slide names the Kestrel service engineer."""
+    from pptx import Presentation
+
+    deck = Presentation()
+    for title, body in [("Fleet overview", "Nordlys Spirit and Nordkapp Vega sail the Bergen route."),
+                        ("Engine service", "Kestrel's service engineer for the fleet is Tomasz Wielgus.")]:
+        slide = deck.slides.add_slide(deck.slide_layouts[1])
+        slide.shapes.title.text = title
+        slide.placeholders[1].text = body
+    deck.save(path)
 
 
 @pytest.fixture(scope="module")
 def indexed_sample(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
     corpus = copy_corpus(root / "corpus")
+    write_deck(corpus / "service deck.pptx")
     home = root / "index"
     assert main(["--home", str(home), "ingest", str(corpus), "--quiet", "--strict"]) == 0
     return corpus, home
+
+
+def hits(out: str) -> list[re.Match]:
+    lines = [line for line in out.splitlines() if line[:1].isdigit()]
+    matches = [HIT.match(line) for line in lines]
+    assert all(matches), lines
+    return matches
 
 
 def test_ingest_reports_and_status_counts(indexed_sample, capsys):
@@ -30,21 +57,98 @@ def test_ingest_reports_and_status_counts(indexed_sample, capsys):
 def test_search_names_file_and_span(indexed_sample, capsys):
     corpus, home = indexed_sample
     assert main(["--home", str(home), "search", "Who is the chief executive of Kestrel Propulsion?", "-k", "3"]) == 0
-    out = capsys.readouterr().out
-    hits = [line for line in out.splitlines() if line[:1].isdigit()]
-    assert len(hits) == 3
-    profile = [h for h in hits if " kestrel-propulsion-profile.md [chars " in h]
-    assert profile, out
-    spans = [tuple(map(int, h.split("[chars ")[1].split("]")[0].split("-"))) for h in profile]
+    found = hits(capsys.readouterr().out)
+    assert len(found) == 3
+    profile = [h for h in found if h["file"] == "kestrel-propulsion-profile.md"]
+    assert profile
     text = (corpus / "kestrel-propulsion-profile.md").read_text()
-    assert any("Annika Vogt" in text[start:end] for start, end in spans)
+    assert any("Annika Vogt" in text[int(h["start"]):int(h["end"])] for h in profile)
+    # the heading path is that of the passage: each part is a heading of the file
+    headings = {line.lstrip("#").strip() for line in text.splitlines() if line.startswith("#")}
+    for hit in profile:
+        assert hit["heading"] and set(hit["heading"].split(" > ")) <= headings, hit["heading"]
+
+
+@pytest.mark.parametrize("method", ["dense", "bm25", "keyword", "hybrid"])
+def test_every_method_gives_cited_hits(indexed_sample, capsys, method):
+    corpus, home = indexed_sample
+    assert main(["--home", str(home), "search", "Kestrel service engineer for the fleet", "-k", "4",
+                 "--method", method]) == 0
+    found = hits(capsys.readouterr().out)
+    assert 1 <= len(found) <= 4
+    assert [int(h["rank"]) for h in found] == list(range(1, len(found) + 1))
+    for hit in found:
+        assert (corpus / hit["file"]).exists()
+        assert 0 <= int(hit["start"]) < int(hit["end"])
+
+
+def test_hit_on_a_slide_names_its_page(indexed_sample, capsys):
+    corpus, home = indexed_sample
+    assert main(["--home", str(home), "search", "Tomasz Wielgus Kestrel service engineer", "-k", "10",
+                 "--method", "bm25"]) == 0
+    deck = [h for h in hits(capsys.readouterr().out) if h["file"] == "service deck.pptx"]
+    assert deck and deck[0]["pages"] == "p. 2", deck
+
+
+def test_a_long_query_is_searched_not_refused(indexed_sample, embedder, capsys):
+    corpus, home = indexed_sample
+    query = " ".join((corpus / "group-annual-review-2023.md").read_text().split())
+    while embedder.count_tokens([query])[0] < 2000:
+        query += " " + query
+    assert main(["--home", str(home), "search", query, "-k", "2", "--method", "dense"]) == 0
+    assert len(hits(capsys.readouterr().out)) == 2
+
+
+@pytest.mark.parametrize("k", ["0", "-1", "two"])
+def test_k_below_one_is_refused(tmp_path, capsys, k):
+    with pytest.raises(SystemExit) as stop:
+        main(["--home", str(tmp_path / "i"), "search", "anything", "-k", k])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "-k" in err and ("at least 1" in err or "whole number" in err)
+
+
+@pytest.mark.parametrize("query", ["", "   \t "])
+def test_blank_query_is_refused(tmp_path, capsys, query):
+    assert main(["--home", str(tmp_path / "i"), "search", query]) == 2
+    assert "the query is empty" in capsys.readouterr().err
+
+
+def test_unknown_method_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["--home", str(tmp_path / "i"), "search", "x", "--method", "fuzzy"])
+    assert stop.value.code == 2
+    assert "invalid choice: 'fuzzy'" in capsys.readouterr().err
 
 
 def test_cli_errors_are_clear(tmp_path, capsys):
     assert main(["--home", str(tmp_path / "i"), "ingest", str(tmp_path / "missing")]) == 2
     assert "missing: not a folder" in capsys.readouterr().err
     assert main(["--home", str(tmp_path / "i"), "search", "anything"]) == 2
-    assert "index is empty" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"the index {tmp_path / 'i'}" in err and "is empty" in err and "lexgraph ingest" in err
+
+
+@pytest.mark.parametrize("path", ["", "  "])
+def test_empty_ingest_path_is_refused(tmp_path, monkeypatch, capsys, path):
+    monkeypatch.chdir(tmp_path)  # were it read as ".", this folder would be indexed
+    (tmp_path / "note.md").write_text("# Note\n\nMust not be indexed.\n")
+    assert main(["--home", str(tmp_path / "i"), "ingest", path, "--quiet"]) == 2
+    assert "PATH is empty" in capsys.readouterr().err
+    assert not (tmp_path / "i").exists()
+
+
+@pytest.mark.parametrize("command", [["status"], ["search", "anything"], ["ingest", "."]])
+def test_home_that_is_a_file_is_a_clear_error(tmp_path, monkeypatch, capsys, command):
+    home = tmp_path / "index.txt"
+    home.write_text("not a folder\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LEXGRAPH_HOME", str(home))
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"LEXGRAPH_HOME={home}" in err and "is a file" in err
+    assert home.read_text() == "not a folder\n"
 
 
 def test_strict_ingest_fails_on_bad_file(tmp_path, capsys):

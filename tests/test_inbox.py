@@ -111,7 +111,7 @@ def test_removed_covers_indexed_and_known_only_when_absent(folder):
         ("empty.txt", b"", "empty"),
         ("blank.md", b"  \n\n\t\n", "whitespace"),
         ("latin1.md", "Smørrebrød\n".encode("latin-1"), "not valid UTF-8"),
-        ("scan.pdf", b"%PDF-1.7", "unsupported file type .pdf"),
+        ("photo.png", b"\x89PNG\r\n\x1a\n", "unsupported file type .png"),
     ],
 )
 def test_invalid_files_are_flagged_with_a_problem_naming_the_file(folder, name, data, problem):
@@ -211,3 +211,81 @@ def test_bom_only_file_is_flagged_invalid(folder):
         "BUG (sources.decode_text, used by inbox._inspect): a file holding only a UTF-8 BOM and whitespace "
         f"is not flagged invalid; invalid = {plan.invalid}"
     )
+
+
+# --- known problems: a file that failed is not re-run while it is unchanged ---
+
+
+def known(states, *relatives):
+    """What problems.json would hold after these files failed at their current content."""
+    from lexgraph.inbox import KnownProblem
+
+    return {document_id(r): KnownProblem(states[document_id(r)].content_hash, r, f"/x/{r}: it failed",
+                                         "2024-05-01T00:00:00+00:00") for r in relatives}
+
+
+def test_unchanged_known_bad_file_is_reported_not_rerun(folder):
+    write(folder / "bad.md", b"\x00\x00 binary")
+    states = scan_folder(folder)
+    bad = document_id("bad.md")
+    plan = plan_reconcile(states, {}, known_bad=known(states, "bad.md"))
+    assert plan.known_bad == [bad]
+    assert bad not in plan.new and bad not in plan.to_index
+    assert "/x/bad.md: it failed" in plan.invalid[bad] and "not retried until the file changes" in plan.invalid[bad]
+    assert sorted(plan.new) == sorted(ids("alpha.md", "beta.txt", "sub/gamma.md", "Søren Åberg: notes.md"))
+
+
+def test_changed_known_bad_file_is_retried(folder):
+    first = scan_folder(folder)
+    records = known(first, "beta.txt")  # beta failed at read time (e.g. in a reader the scan cannot run)
+    path = write(folder / "beta.txt", "Bolt Engines is now run by Ola Berg.\n")
+    bump_mtime(path)
+    plan = plan_reconcile(scan_folder(folder, first), {}, known_bad=records)
+    assert plan.known_bad == [] and document_id("beta.txt") in plan.new
+    assert plan.invalid == {}
+
+
+def test_known_problem_of_an_indexed_file_is_stale(folder):
+    states = scan_folder(folder)
+    plan = plan_reconcile(states, indexed_from(states), known_bad=known(states, "alpha.md"))
+    assert plan.known_bad == [] and document_id("alpha.md") in plan.unchanged
+
+
+def test_known_problems_file_records_keeps_first_seen_and_clears(tmp_path):
+    from lexgraph.inbox import KnownProblems
+
+    problems = KnownProblems(tmp_path / "index")
+    assert problems.load() == {}
+    problems.update(clear=["nothing"])  # nothing to write: no file is made
+    assert not problems.path.exists()
+    problems.update(record={"a": ("h1", "a.md", "/in/a.md: file is empty"), "b": ("h2", "b.md", "/in/b.md: x")})
+    first = problems.load()["a"]
+    assert (first.content_hash, first.relative_path, first.problem) == ("h1", "a.md", "/in/a.md: file is empty")
+    problems.update(record={"a": ("h1", "a.md", "/in/a.md: file is empty")})
+    assert problems.load()["a"].first_seen == first.first_seen
+    problems.update(clear=["b"])
+    assert set(problems.load()) == {"a"}
+    assert json.loads(problems.path.read_text())["a"]["content_hash"] == "h1"
+
+
+def test_reconcile_records_skips_and_clears_known_problems(folder, tmp_path):
+    from lexgraph.inbox import KnownProblems
+    from orchestration.reconcile import reconcile
+
+    index_dir = tmp_path / "index"
+    write(folder / "bad.md", b"\x00\x00 binary")
+    bad = document_id("bad.md")
+    states = scan_folder(folder)
+    first = reconcile(states, {}, [], index_dir=index_dir)
+    assert bad in first.plan.new and bad in first.plan.invalid  # first time: a run of its own, failing visibly
+    assert [r.tags["lexgraph/documents"] for r in first.ingest_runs] == ["4", "1"]
+    assert set(KnownProblems(index_dir).load()) == {bad}
+
+    indexed = {k: states[k].content_hash for k in first.plan.new if k != bad}
+    again = reconcile(scan_folder(folder, states), indexed, first.add_partitions, index_dir=index_dir)
+    assert again.plan.known_bad == [bad] and again.ingest_runs == [] and again.add_partitions == []
+    assert bad in again.plan.invalid
+
+    (folder / "bad.md").unlink()  # removed: forgotten
+    reconcile(scan_folder(folder), indexed, first.add_partitions, purge=False, index_dir=index_dir)
+    assert KnownProblems(index_dir).load() == {}

@@ -15,6 +15,7 @@ import polars as pl
 from lexgraph.extract.chunking import TokenCounter, chunk_text
 from lexgraph.extract.embedder import Embedder
 from lexgraph.storage.extract_store import ExtractStore
+from lexgraph.inbox import record_read_results
 from lexgraph.ids import chunk_id
 from lexgraph.extract.keywords import KeywordExtraction, extract_keywords, keyword_stats
 from lexgraph.storage.graph_store import GraphStore
@@ -68,6 +69,9 @@ def load_sources(paths: dict[str, Path | None], root: Path, store: ExtractStore,
         save_source(replace(document, doc_id=doc_id), store, version)  # the caller's key is the partition key
         result.done.append(doc_id)
         result.rows += 1
+    # Read failures are remembered in the index's problems.json (beside extract/), so an unchanged bad file
+    # is not re-run on every ingest; documents that read fine now are forgotten there.
+    record_read_results(store.root.parent, root, paths, result.done, result.failed)
     return result
 
 

@@ -274,7 +274,7 @@ def evaluate_index(settings: Settings, questions_path: str | Path, budget: int =
     index = load_index(settings, params)
     embedder = Embedder.shared(settings.embed_model)
     tokens_before = embedder.stats.tokens
-    retriever = Retriever(index, lambda text: embedder.embed([text])[0], params, embedder.embed)
+    retriever = Retriever(index, embedder.embed_query, params, embedder.embed_queries)
     started = time.perf_counter()
     with single_threaded_torch():
         results = run_questions(retriever, questions, methods, ks, budget, progress)

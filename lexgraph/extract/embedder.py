@@ -1,6 +1,7 @@
 """Sentence-transformers embedder, loaded offline, that refuses to truncate silently."""
 from __future__ import annotations
 
+import copy
 import os
 import threading
 from dataclasses import dataclass
@@ -10,6 +11,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
+# Word pieces shared by neighbouring windows when a long query is embedded in windows and pooled.
+QUERY_WINDOW_OVERLAP = 32
 _CACHE: dict[tuple[str, str], "Embedder"] = {}
 _CACHE_LOCK = threading.Lock()
 
@@ -72,12 +75,16 @@ class Embedder:
         self.model_name = model_name
         self.batch_size = batch_size
         self.model = SentenceTransformer(resolve_model_path(model_name), device=device)
-        self.tokenizer = self.model.tokenizer
-        # Counting long texts is deliberate (the chunker cuts them), so lift the tokenizer's warning limit.
+        # The real limit comes from the model's own configuration, never from the tokenizer (whose
+        # model_max_length sentence-transformers also uses as max_seq_length, i.e. as the truncation point).
+        self.max_tokens = model_input_limit(model_name)
+        # [CLS] and [SEP] take two of the model's positions; the model itself never sees more than this.
+        self.max_seq_length = self.max_tokens + 2
+        self.model.max_seq_length = self.max_seq_length
+        # Counting long texts is deliberate (the chunker cuts them), so count with a copy of the tokenizer
+        # whose warning limit is lifted; the model's own tokenizer keeps its limit.
+        self.tokenizer = copy.deepcopy(self.model.tokenizer)
         self.tokenizer.model_max_length = 10**9
-        self.max_seq_length = int(self.model.max_seq_length)
-        # [CLS] and [SEP] take two of the model's positions.
-        self.max_tokens = self.max_seq_length - 2
         dimension = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
         self.dimension = int(dimension())
         self.stats = EmbeddingStats()
@@ -104,30 +111,86 @@ class Embedder:
         encoded = self.tokenizer(text, add_special_tokens=False, truncation=False, return_offsets_mapping=True)
         return [tuple(span) for span in encoded["offset_mapping"]]
 
-    def embed(self, texts: Sequence[str], progress: Callable[[int], None] | None = None) -> np.ndarray:
-        """L2-normalised float32 vectors; identical texts are embedded once."""
+    def embed(self, texts: Sequence[str], progress: Callable[[int], None] | None = None,
+              long: str = "refuse") -> np.ndarray:
+        """L2-normalised float32 vectors; identical texts are embedded once.
+
+        long="refuse" (chunks, sentences): a text over the model's input limit raises InputTooLongError,
+        since the model would truncate it. long="pool" (queries only): such a text is embedded as
+        overlapping windows of at most max_tokens word pieces whose vectors are averaged and normalised."""
+        if long not in ("refuse", "pool"):
+            raise ValueError(f"long must be 'refuse' or 'pool', got {long!r}")
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
         unique = list(dict.fromkeys(texts))
         lengths = self.count_tokens(unique)
         too_long = [n for n in lengths if n > self.max_tokens]
-        if too_long:
+        if too_long and long == "refuse":
             raise InputTooLongError(
                 f"{len(too_long)} text(s) exceed the {self.max_tokens}-token input limit of {self.model_name} "
                 f"(longest {max(too_long)}); chunk them first"
             )
-        vectors = np.zeros((len(unique), self.dimension), dtype=np.float32)
-        for start in range(0, len(unique), self.batch_size):
-            batch = unique[start : start + self.batch_size]
+        # Each unique text becomes one or more pieces within the limit; a text's vector pools its pieces.
+        pieces: list[str] = []
+        owners: list[int] = []
+        tokens = 0
+        for i, (text, length) in enumerate(zip(unique, lengths)):
+            windows = self._windows(text) if length > self.max_tokens else [(text, length)]
+            pieces.extend(window for window, _ in windows)
+            owners.extend([i] * len(windows))
+            tokens += sum(n for _, n in windows)
+        encoded = self._encode(pieces, progress if len(pieces) == len(unique) else None)
+        if len(pieces) == len(unique):
+            vectors = encoded
+        else:
+            vectors = np.zeros((len(unique), self.dimension), dtype=np.float32)
+            np.add.at(vectors, np.asarray(owners), encoded)
+            vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+            if progress:
+                progress(len(unique))
+        self.stats.texts += len(texts)
+        self.stats.unique_texts += len(unique)
+        self.stats.tokens += tokens
+        position = {text: i for i, text in enumerate(unique)}
+        return vectors[[position[t] for t in texts]]
+
+    def embed_query(self, text: str) -> np.ndarray:
+        """One query's vector; a query over the input limit is windowed and pooled, never truncated."""
+        return self.embed([text], long="pool")[0]
+
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        """Queries (a question and its clauses) in one model call, long ones windowed and pooled."""
+        return self.embed(texts, long="pool")
+
+    def _encode(self, texts: list[str], progress: Callable[[int], None] | None) -> np.ndarray:
+        vectors = np.zeros((len(texts), self.dimension), dtype=np.float32)
+        for start in range(0, len(texts), self.batch_size):
+            batch = texts[start : start + self.batch_size]
             vectors[start : start + len(batch)] = self.model.encode(
                 batch, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True,
                 show_progress_bar=False,
             )
             if progress:
                 progress(len(batch))
-        self.stats.texts += len(texts)
-        self.stats.unique_texts += len(unique)
-        self.stats.tokens += sum(lengths)
-        position = {text: i for i, text in enumerate(unique)}
-        return vectors[[position[t] for t in texts]]
+        return vectors
 
+    def _windows(self, text: str) -> list[tuple[str, int]]:
+        """Overlapping slices of text, each at most max_tokens word pieces (re-counted, since a slice
+        may tokenise differently at its edges), that together cover every word piece."""
+        spans = self.token_spans(text)
+        size, overlap = self.max_tokens, min(QUERY_WINDOW_OVERLAP, self.max_tokens // 4)
+        windows: list[tuple[str, int]] = []
+        start = 0
+        while start < len(spans):
+            end = min(start + size, len(spans))
+            while True:
+                piece = text[spans[start][0] : spans[end - 1][1]]
+                count = self.count_tokens([piece])[0]
+                if count <= self.max_tokens or end - start <= 1:
+                    break
+                end -= max(1, count - self.max_tokens)
+            windows.append((piece, count))
+            if end >= len(spans):
+                break
+            start = max(start + 1, end - overlap)
+        return windows

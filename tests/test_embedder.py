@@ -1,0 +1,97 @@
+"""The embedder's real input limit: 254 word pieces for all-MiniLM-L6-v2, from the model's own
+configuration; chunks over it are refused, long queries are windowed and pooled, nothing is truncated."""
+import logging
+
+import numpy as np
+import polars as pl
+import pytest
+
+from lexgraph.build.pipeline import CHUNK_COLUMNS
+from lexgraph.extract.embedder import Embedder, InputTooLongError, model_input_limit
+from tests.conftest import SAMPLE_CORPUS
+
+
+@pytest.fixture(scope="module")
+def corpus_text() -> str:
+    """Several thousand word pieces of varied prose (the sample corpus, in file order)."""
+    return "\n\n".join(p.read_text() for p in sorted(SAMPLE_CORPUS.iterdir()) if p.suffix == ".md")
+
+
+def first_pieces(embedder: Embedder, text: str, n: int) -> str:
+    """The prefix of text that is exactly its first n word pieces."""
+    spans = embedder.token_spans(text)
+    assert len(spans) >= n
+    prefix = text[: spans[n - 1][1]]
+    assert embedder.count_tokens([prefix]) == [n]
+    return prefix
+
+
+def test_limit_comes_from_the_model_configuration(embedder):
+    assert model_input_limit("all-MiniLM-L6-v2") == 254
+    assert Embedder.shared().max_tokens == 254
+    # the model itself keeps its 256 positions ([CLS] + 254 + [SEP]): it never sees more
+    assert embedder.max_seq_length == 256
+    assert embedder.model.max_seq_length == 256
+
+
+def test_the_model_never_sees_more_than_its_limit(embedder, corpus_text):
+    features = embedder.model.tokenize([corpus_text])
+    assert features["input_ids"].shape[1] == 256
+
+
+def test_counting_long_text_works_without_warnings(embedder, corpus_text, caplog, capfd):
+    with caplog.at_level(logging.WARNING):
+        counts = embedder.count_tokens([corpus_text, corpus_text[:100]])
+        spans = embedder.token_spans(corpus_text)
+    assert counts[0] > 2000 and counts[0] == len(spans)
+    assert not [r for r in caplog.records if "sequence length" in r.getMessage()]
+    assert "sequence length" not in capfd.readouterr().err
+
+
+def test_chunk_embedding_refuses_over_long_text(embedder, corpus_text):
+    over = first_pieces(embedder, corpus_text, 255)
+    with pytest.raises(InputTooLongError, match="254-token input limit"):
+        embedder.embed([over])
+    assert embedder.embed([first_pieces(embedder, corpus_text, 254)]).shape == (1, embedder.dimension)
+
+
+@pytest.mark.parametrize("pieces", [300, 2000])
+def test_long_query_is_windowed_and_pooled(embedder, corpus_text, pieces):
+    query = first_pieces(embedder, corpus_text, pieces)
+    vector = embedder.embed_query(query)
+    assert vector.shape == (embedder.dimension,)
+    assert np.isfinite(vector).all()
+    assert np.linalg.norm(vector) == pytest.approx(1.0, abs=1e-5)
+    # every window fits the model: the pooled vector is built from untruncated pieces
+    assert all(n <= embedder.max_tokens for _, n in embedder._windows(query))
+
+
+def test_pooled_query_uses_every_word_piece(embedder, corpus_text):
+    query = first_pieces(embedder, corpus_text, 300)
+    truncated = embedder.embed([first_pieces(embedder, corpus_text, 254)])[0]
+    pooled = embedder.embed_query(query)
+    assert not np.allclose(pooled, truncated, atol=1e-3)
+    # the batch path used for a question and its clauses pools too, and agrees with the single path
+    batch = embedder.embed_queries([query, "short clause"])
+    assert np.allclose(batch[0], pooled, atol=1e-5)
+    assert np.allclose(batch[1], embedder.embed(["short clause"])[0], atol=1e-5)
+
+
+def test_short_query_is_one_plain_embedding(embedder):
+    assert np.allclose(embedder.embed_query("Who runs Kestrel?"), embedder.embed(["Who runs Kestrel?"])[0],
+                       atol=1e-6)
+
+
+def test_chunk_limit_check_fails_for_an_over_long_chunk(embedder, corpus_text):
+    from assets.documents import _chunk_checks
+
+    text = first_pieces(embedder, corpus_text, 300)
+    row = {"chunk_id": "c1", "doc_id": "d1", "order": 0, "text": text, "char_start": 0, "char_end": len(text),
+           "heading_path": "", "token_count": 300, "source_path": "a.md", "content_hash": "h"}
+    frame = pl.DataFrame([row], schema=CHUNK_COLUMNS)
+    checks = {c.check_name: c for c in _chunk_checks(frame, Embedder.shared().max_tokens)}
+    assert checks["chunks_within_embedder_limit"].passed is False
+    assert checks["chunks_within_embedder_limit"].metadata["over_limit"].value == 1
+    within = frame.with_columns(pl.lit(254, dtype=pl.Int32).alias("token_count"))
+    checks = {c.check_name: c for c in _chunk_checks(within, Embedder.shared().max_tokens)}
+    assert checks["chunks_within_embedder_limit"].passed is True

