@@ -1,19 +1,39 @@
-"""In-process ingestion through the real asset graph, for the CLI and benchmarks."""
+"""In-process ingestion through the real asset graph, for the CLI and benchmarks.
+
+Every call converges: runs left behind by a killed process are marked failed (and their pool slots
+freed), documents whose extract files are damaged go back for re-ingestion, and the corpus index is
+updated whenever it was not built from the current catalog, whatever call or crash left it so.
+"""
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+import socket
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import dagster as dg
 from tqdm import tqdm
 
-from lexgraph.inbox import scan_folder
+from lexgraph import progress as stage_progress
+from lexgraph.build import pipeline
+from lexgraph.build.corpus_index import CorpusFiles
+from lexgraph.inbox import FileState, scan_folder
 from lexgraph.settings import Settings
-from orchestration.definitions import build_definitions
+from lexgraph.storage.extract_store import ExtractStore, verify_extracts
+from lexgraph.storage.vector_store import SOURCES, VectorStore
 from orchestration.partitions import documents
-from orchestration.reconcile import reconcile
+from orchestration.reconcile import RANGE_END, RANGE_START, reconcile
+
+# Tags on every run this runner executes: which process on which machine runs it, so a later call can
+# tell a run whose process was killed from one still going.
+PID_TAG, HOST_TAG, PROCESS_START_TAG = "lexgraph/pid", "lexgraph/host", "lexgraph/process_start"
+UNFINISHED = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
+              dg.DagsterRunStatus.CANCELING]
+# Extract outputs every indexed document has; one missing is damage like a truncated file.
+INDEXED_STAGES = (pipeline.SOURCES, pipeline.CHUNKS, pipeline.VECTORS, pipeline.KEYWORDS, pipeline.KEYWORD_STATS)
 
 
 @dataclass
@@ -24,57 +44,272 @@ class IngestReport:
     removed: int = 0
     failed: dict[str, str] = field(default_factory=dict)  # doc_id -> "path: problem"
     runs: list[str] = field(default_factory=list)  # ingestion and purge runs
-    corpus_run: str | None = None  # the corpus index update, run only when the catalog changed
+    corpus_run: str | None = None  # the corpus index update, run when the corpus index is out of step
     corpus_index_ok: bool | None = None
     corpus_error: str | None = None  # why the corpus index update failed, for the CLI to print
+    repaired: dict[str, str] = field(default_factory=dict)  # doc_id -> damaged extract file; re-ingested, counted as changed
+    abandoned_runs: list[str] = field(default_factory=list)  # runs of killed processes, now marked failed
 
 
 def ingest_folder(folder: str | Path, instance: dg.DagsterInstance, home: str | Path | None = None,
-                  settings: Settings | None = None, prune: bool = False, progress: bool = True,
-                  corpus: bool = True) -> IngestReport:
+                  settings: Settings | None = None, prune: bool = False,
+                  progress: bool | stage_progress.Reporter = True, corpus: bool = True) -> IngestReport:
     """Index new and changed files under folder; with prune, also purge documents no longer there.
-    With corpus, the corpus-wide KET-RAG assets are then updated once, if the indexed set changed.
-    settings defaults to the environment's (home, when given, overrides its index home)."""
+    With corpus, the corpus-wide KET-RAG assets are then updated once, if the catalog changed or they
+    were not built from it (a crash or a failed update earlier). settings defaults to the environment's
+    (home, when given, overrides its index home). progress: a bar on stderr, nothing, or a Reporter."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: not a folder")
+    from orchestration.definitions import build_definitions  # here: the sensors may import this module
+
     settings = (settings or Settings.from_env(home=home)).with_(inbox=folder)
     defs = build_definitions(settings)
+    report = IngestReport(abandoned_runs=fail_abandoned_runs(instance))
     vectors = defs.resources["lancedb"].get()
-    indexed = vectors.indexed_hashes()
     files = scan_folder(folder)
+    report.repaired, damaged = drop_damaged_documents(ExtractStore(settings.extract_dir), vectors, files)
+    indexed = vectors.indexed_hashes()
     existing = instance.get_dynamic_partitions(documents.name)
     requests = reconcile(files, indexed, existing, purge=prune, index_dir=settings.index_dir)
     plan = requests.plan
-    report = IngestReport(new=len(plan.new), changed=len(plan.changed), unchanged=len(plan.unchanged),
-                          removed=len(plan.removed) if prune else 0)
+    # a repaired document counts as changed (its index is re-made), not as new
+    report.new = len([d for d in plan.new if d not in report.repaired])
+    report.changed = len(plan.changed) + len([d for d in plan.new if d in report.repaired])
+    report.unchanged = len(plan.unchanged)
+    report.removed = len(plan.removed) if prune else 0
     if requests.add_partitions:
         instance.add_dynamic_partitions(documents.name, requests.add_partitions)
     for key in requests.delete_partitions:
         instance.delete_dynamic_partition(documents.name, key)
-    total = sum(int(r.tags["lexgraph/documents"]) for r in requests.run_requests)
-    with tqdm(total=total, unit="doc", desc="ingest", disable=not progress) as bar:
-        for request in requests.run_requests:
+    runs = requests.run_requests
+    with _reporter(progress, len(runs) + int(corpus)) as reporter, stage_progress.reporting(reporter):
+        for request in runs:
+            reporter.next_run()
+            reporter.start("purging" if request.job_name == "purge_documents" else "reading",
+                           int(request.tags["lexgraph/documents"]), "documents")
             result = defs.resolve_job_def(request.job_name).execute_in_process(
-                instance=instance, tags=request.tags, run_config=_quiet(progress, request.run_config),
+                instance=instance, tags={**request.tags, **process_tags()}, run_config=_quiet(request.run_config),
                 raise_on_error=False)
             report.runs.append(result.run_id)
             report.failed.update(_failures(result))
-            bar.update(int(request.tags["lexgraph/documents"]))
-    report.failed.update({k: v for k, v in plan.invalid.items() if k not in report.failed})
-    if corpus and vectors.indexed_hashes() != indexed:
-        result = defs.resolve_job_def("build_corpus_index").execute_in_process(
-            instance=instance, run_config=_quiet(progress), raise_on_error=False)
-        report.corpus_run = result.run_id
-        report.corpus_index_ok = result.success
+            if not result.success:  # a step failed for a reason of its own: its documents say why
+                error = run_error(result)
+                for doc_id in _run_documents(request, instance):
+                    report.failed.setdefault(doc_id, f"{files[doc_id].relative_path if doc_id in files else doc_id}: "
+                                                     f"not indexed, {error}")
+        report.failed.update({k: v for k, v in plan.invalid.items() if k not in report.failed})
+        # damaged and not re-ingestable: indexed as they are, and say so (unless purged just now)
+        report.failed.update({k: v for k, v in damaged.items()
+                              if k not in report.failed and not (prune and k in plan.removed)})
+        catalog = vectors.indexed_hashes()
+        corpus_files = CorpusFiles(settings.index_dir)
+        # out of step: built from another catalog, never built, or an update failed or was killed
+        stale = corpus_files.stale_steps(catalog) if catalog or corpus_files.built_digests() else []
+        if corpus and (catalog != indexed or stale):
+            reporter.next_run()
+            reporter.start("corpus index", 1, "update")
+            result = defs.resolve_job_def("build_corpus_index").execute_in_process(
+                instance=instance, tags=process_tags(), run_config=_quiet(), raise_on_error=False)
+            reporter.advance("corpus index", 1)
+            report.corpus_run = result.run_id
+            report.corpus_index_ok = result.success
+            if not result.success:
+                report.corpus_error = run_error(result)
     return report
 
 
-def _quiet(progress: bool, run_config: dict | None = None) -> dict:
-    """With a progress bar, Dagster's console log is silenced; the instance still records every event."""
+def drop_damaged_documents(store: ExtractStore, vectors: VectorStore,
+                           files: dict[str, FileState]) -> tuple[dict[str, str], dict[str, str]]:
+    """Indexed documents with a truncated, damaged or missing extract file: those whose inbox file can be
+    read are taken out of the catalog (and their damaged files deleted) so reconcile re-ingests them;
+    the others are returned as failures that name the file. -> (repaired, damaged)."""
+    problems = verify_extracts(store, vectors.indexed_hashes(), INDEXED_STAGES)
+    repaired = {d: p for d, p in problems.items() if d in files and not files[d].problem}
+    damaged = {d: f"{p}; the document cannot be re-ingested: " + (
+                   f"its file is no longer in the inbox (`lexgraph ingest --prune` removes it from the index)"
+                   if d not in files else f"its file cannot be read now ({files[d].problem})")
+               for d, p in problems.items() if d not in repaired}
+    if repaired:
+        for doc_id in repaired:
+            store.remove_corrupt(doc_id)
+        table = vectors.db.open_table(SOURCES)
+        table.delete("doc_id IN (" + ", ".join("'" + d.replace("'", "''") + "'" for d in repaired) + ")")
+    return repaired, damaged
+
+
+def _run_documents(request: dg.RunRequest, instance: dg.DagsterInstance) -> list[str]:
+    """The partition keys a batched ingestion run covers (purge runs name theirs in their config)."""
+    start, end = request.tags.get(RANGE_START), request.tags.get(RANGE_END)
+    if start is None or end is None:
+        return list(((request.run_config or {}).get("ops", {}).get("purge_removed_documents", {})
+                     .get("config", {}).get("doc_ids", [])))
+    keys = instance.get_dynamic_partitions(documents.name)
+    if start not in keys or end not in keys:
+        return []
+    return keys[keys.index(start): keys.index(end) + 1]
+
+
+# --- runs left behind by killed processes ------------------------------------------------------------
+
+
+def process_tags() -> dict[str, str]:
+    return {PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname(),
+            PROCESS_START_TAG: _process_start(os.getpid()) or ""}
+
+
+def _process_start(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (Linux), to tell a reused pid from the original."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]  # field 22; the command name in (...) may hold spaces
+
+
+def _process_alive(pid: int, started: str) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # someone else's process: it exists
+    now = _process_start(pid)
+    return not (started and now and now != started)  # a different start time: the pid was reused
+
+
+def fail_abandoned_runs(instance: dg.DagsterInstance) -> list[str]:
+    """Mark failed the runs this runner started on this machine whose process is gone (killed, crashed),
+    and free the concurrency slots they held, so no run waits for a dead one. -> their run ids.
+    (Runs launched by the daemon are watched by Dagster itself: see run_monitoring in dagster.yaml.)"""
+    host = socket.gethostname()
+    abandoned = []
+    for run in instance.get_runs(filters=dg.RunsFilter(statuses=UNFINISHED)):
+        pid = run.tags.get(PID_TAG)
+        if run.tags.get(HOST_TAG) != host or not pid or not pid.isdigit():
+            continue
+        if _process_alive(int(pid), run.tags.get(PROCESS_START_TAG, "")):
+            continue
+        instance.report_run_failed(run, f"The process that ran this run (pid {pid} on {host}) is gone: it was "
+                                        "killed or crashed. Marked failed by the next `lexgraph ingest`.")
+        abandoned.append(run.run_id)
+    _free_slots_of_finished_runs(instance)
+    return abandoned
+
+
+def _free_slots_of_finished_runs(instance: dg.DagsterInstance) -> None:
+    storage = instance.event_log_storage
+    if not storage.supports_global_concurrency_limits:
+        return
+    for run_id in storage.get_concurrency_run_ids():
+        run = instance.get_run_by_id(run_id)
+        if run is None or run.is_finished:
+            storage.free_concurrency_slots_for_run(run_id)
+
+
+# --- reporting -----------------------------------------------------------------------------------------
+
+
+def run_error(result: dg.ExecuteInProcessResult) -> str:
+    """Why a run failed, from its step failures: each step and the innermost cause's message."""
+    steps: dict[str, list[str]] = {}  # cause -> steps that failed with it
+    run_message = None
+    for event in result.all_events:
+        if event.is_step_failure and event.step_failure_data.error:
+            steps.setdefault(_cause(event.step_failure_data.error), []).append(event.step_key)
+        elif event.is_run_failure and event.message:
+            run_message = event.message
+    if steps:
+        return "; ".join(f"{', '.join(keys)}: {cause}" for cause, keys in steps.items())
+    return run_message or f"run {result.run_id} failed (see the Dagster run log)"
+
+
+def _cause(error) -> str:
+    while error.cause is not None:
+        error = error.cause
+    message = error.message.strip()
+    if error.cls_name in ("Failure", "DagsterExecutionStepExecutionError"):
+        return re.sub(rf"^[\w.]*{error.cls_name}: ", "", message)
+    return re.sub(rf"^[\w.]*\.{error.cls_name}: ", f"{error.cls_name}: ", message)
+
+
+class _NoBar(stage_progress.Silent):
+    def next_run(self) -> None:
+        pass
+
+
+class _Forward:
+    """A caller's Reporter, with the runner's run counting ignored."""
+
+    def __init__(self, reporter: stage_progress.Reporter):
+        self.reporter = reporter
+
+    def next_run(self) -> None:
+        pass
+
+    def start(self, stage: str, total: int, unit: str) -> None:
+        self.reporter.start(stage, total, unit)
+
+    def advance(self, stage: str, n: int) -> None:
+        self.reporter.advance(stage, n)
+
+
+class StageBar:
+    """One bar on stderr for the stage at hand, e.g. `[2/3] embedding 1,536/3,933 chunks |████  |`; it
+    appears with the first stage, so a call with nothing to do prints nothing."""
+
+    def __init__(self, runs: int):
+        self.runs, self.run = runs, 0
+        self.stage, self.unit, self.total, self.done = "", "", 0, 0
+        self.bar: tqdm | None = None
+
+    def next_run(self) -> None:
+        self.run += 1
+
+    def start(self, stage: str, total: int, unit: str) -> None:
+        self.stage, self.total, self.unit, self.done = stage, total, unit, 0
+        if self.bar is None:
+            self.bar = tqdm(total=max(total, 1), desc=self._description(), file=sys.stderr, miniters=1,
+                            mininterval=0.2, bar_format="{desc} |{bar:20}| {elapsed}", dynamic_ncols=True)
+            return
+        self.bar.set_description_str(self._description(), refresh=False)
+        self.bar.reset(total=max(total, 1))
+
+    def advance(self, stage: str, n: int) -> None:
+        if self.bar is None or stage != self.stage:
+            return
+        self.done += n
+        self.bar.set_description_str(self._description(), refresh=False)
+        self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def _description(self) -> str:
+        prefix = f"[{self.run}/{self.runs}] " if self.runs > 1 else ""
+        return f"{prefix}{self.stage} {self.done:,}/{self.total:,} {self.unit}"
+
+
+@contextlib.contextmanager
+def _reporter(progress: bool | stage_progress.Reporter, runs: int):
+    if progress is True:
+        bar = StageBar(runs)
+        try:
+            yield bar
+        finally:
+            bar.close()
+    elif progress:
+        yield _Forward(progress)
+    else:
+        yield _NoBar()
+
+
+def _quiet(run_config: dict | None = None) -> dict:
+    """Dagster's console log is silenced (the bar, the report and the CLI speak); the instance still
+    records every event."""
     run_config = dict(run_config or {})
-    if progress:
-        run_config["loggers"] = {"console": {"config": {"log_level": "CRITICAL"}}}
+    run_config["loggers"] = {"console": {"config": {"log_level": "CRITICAL"}}}
     return run_config
 
 

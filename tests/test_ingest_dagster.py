@@ -1,4 +1,6 @@
 """Ingestion through the real asset graph, a real Dagster instance, LanceDB and Kùzu."""
+import random
+import re
 import resource
 import subprocess
 import sys
@@ -6,6 +8,7 @@ from pathlib import Path
 
 import polars as pl
 
+from lexgraph.settings import Settings
 from orchestration.runner import ingest_folder
 from tests.helpers import graph_counts, materialized_partitions, run_partition_keys, stores
 
@@ -170,3 +173,59 @@ print(report.failed, store.count("sources"), store.count("chunks"), (peak - base
     assert failed == "{}" and int(sources) == 2
     assert int(chunks) > 20_000
     assert int(growth_mb) < 1500, f"peak memory grew by {growth_mb} MB for a 50 MB file"
+
+
+def _large_file(path: Path, size: int = 1_000_000) -> Path:
+    """About `size` bytes of text: a cycle of 201 distinct one-sentence paragraphs. The embedder embeds a
+    repeated text once, so the model's work stays small while chunking, loading and the progress bar
+    see a 1 MB document of ~800 chunks."""
+    rng = random.Random(1)
+    words = ("vessel contract repair yard engine delivery harbour crane arbitration award board minutes "
+             "shipping freight charter hull survey inspection invoice payment schedule clause cargo berth").split()
+    paragraphs = [" ".join(rng.choice(words) for _ in range(80)).capitalize() + f" under clause {i}.\n\n"
+                  for i in range(201)]
+    parts, written = ["# Large\n\n"], 0
+    while written < size:
+        parts.append(paragraphs[len(parts) % len(paragraphs)])
+        written += len(parts[-1])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(parts))
+    return path
+
+
+def _bar_states(stderr: str, stage: str, unit: str) -> list[tuple[int, int]]:
+    """(done, total) of each state of a stage the progress bar printed."""
+    found = re.findall(rf"{stage} ([\d,]+)/([\d,]+) {unit}", stderr)
+    return list(dict.fromkeys((int(a.replace(",", "")), int(b.replace(",", ""))) for a, b in found))
+
+
+def test_a_single_large_file_shows_progress_within_its_run(tmp_path, home, embedder, capsys):
+    from orchestration.cli import main
+
+    folder = tmp_path / "inbox"
+    _large_file(folder / "large.md")
+    capsys.readouterr()
+    assert main(["--home", str(home), "ingest", str(folder)]) == 0
+    err = capsys.readouterr().err
+    assert "chunking 1/1 documents" in err
+    embedding = _bar_states(err, "embedding", "chunks")
+    keywords = _bar_states(err, "keywords", "sentences")
+    total = embedding[0][1]
+    assert total > 500 and embedding[0] == (0, total)
+    # The bar moves per embedded batch inside the one document's run, not once when the run ends.
+    between = [s for s in embedding + keywords if 0 < s[0] < s[1]]
+    assert len(between) >= 3 and any(0 < done < total for done, _ in embedding), err[-2000:]
+    assert "graph 0/1 documents" in err and "corpus index" in err
+
+
+def test_quiet_ingest_prints_nothing_on_stderr(tiny_corpus, home, embedder, capfd):
+    from orchestration.cli import main
+
+    capfd.readouterr()
+    assert main(["--home", str(home), "ingest", "--quiet", str(tiny_corpus)]) == 0
+    out, err = capfd.readouterr()
+    assert "4 new" in out
+    # lexgraph/storage/vector_store.py quiets Lance with LANCE_LOG, but the Rust logger reads LANCEDB_LOG:
+    # its one notice that the keywords table is new is that module's to silence, not the runner's.
+    noise = [line for line in err.splitlines() if "lance::dataset::write::insert] No existing dataset" not in line]
+    assert noise == [], err

@@ -5,14 +5,16 @@ update starts from the previous one and touches only what added or removed chunk
 from __future__ import annotations
 
 import json
-import shutil
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
 
 from lexgraph.extract import keywords as kw
+from lexgraph.faults import KEYWORD_INDEX, crash_point
 from lexgraph.ids import content_hash
 from lexgraph.storage.extract_store import ExtractStore
 from lexgraph.build.knn import DEFAULT_K, KnnGraph, KnnUpdate, lexical_knn, semantic_knn
@@ -83,6 +85,13 @@ class CorpusFiles:
         frame.write_parquet(partial)
         partial.replace(path)
 
+    def write_arrow(self, path: Path, table) -> None:
+        """Atomic write of an Arrow table, keeping its schema metadata."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".tmp")
+        pq.write_table(table, partial)
+        partial.replace(path)
+
 
 @dataclass
 class KnnResult:
@@ -146,17 +155,38 @@ def _merge(updates: list[KnnUpdate]) -> KnnUpdate:
 
 
 def _load_knn(files: CorpusFiles) -> tuple[pl.DataFrame | None, pl.DataFrame | None, dict]:
-    if not (files.knn_corpus.exists() and files.knn_state.exists()):
+    """The saved corpus and lists; nothing (so a rebuild) unless both files are whole and of one save."""
+    try:
+        generations = {_generation(files.knn_state), _generation(files.knn_corpus)}
+        state = pl.read_parquet(files.knn_state)
+        corpus = pl.read_parquet(files.knn_corpus)
+    except FileNotFoundError:
         return None, None, {}
-    state = pl.read_parquet(files.knn_state)
-    corpus = pl.read_parquet(files.knn_corpus)
+    except (Exception, pl.exceptions.PanicException):  # a damaged file: rebuild rather than trust it
+        return None, None, {}
+    if len(generations) != 1 or None in generations:
+        return None, None, {}  # killed between writing the two files: they do not belong together
     settings = json.loads(corpus.select(pl.col("settings").first()).item()) if corpus.height else {}
     return corpus.drop("settings"), state, settings
 
 
+# Parquet metadata key shared by the two KNN files of one save.
+KNN_GENERATION = b"lexgraph.knn_generation"
+
+
+def _generation(path: Path) -> str | None:
+    value = (pq.read_schema(path).metadata or {}).get(KNN_GENERATION)
+    return value.decode() if value else None
+
+
 def _save_knn(files: CorpusFiles, current: pl.DataFrame, semantic: KnnGraph, lexical: KnnGraph, settings: dict) -> None:
-    files.write(files.knn_state, pl.concat([semantic.state_frame(), lexical.state_frame()]))
-    files.write(files.knn_corpus, current.with_columns(pl.lit(json.dumps(settings)).alias("settings")))
+    """Two files, one save: both carry the same generation, so a pair torn by a crash is recognised."""
+    generation = uuid.uuid4().hex.encode()
+    for path, frame in ((files.knn_state, pl.concat([semantic.state_frame(), lexical.state_frame()])),
+                        (files.knn_corpus, current.with_columns(pl.lit(json.dumps(settings)).alias("settings")))):
+        table = frame.to_arrow()
+        files.write_arrow(path, table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                                              KNN_GENERATION: generation}))
 
 
 def compute_pagerank(files: CorpusFiles, chunks: pl.DataFrame, edges: pl.DataFrame) -> pl.DataFrame:
@@ -182,8 +212,12 @@ def select(files: CorpusFiles, ranks: pl.DataFrame, beta: float = DEFAULT_BETA) 
                 if files.skeleton.exists() else [])
     selection = ranks.with_columns(pl.col("chunk_id").is_in(list(chosen)).alias("selected"))
     diff = selection_diff(previous, chosen, dict(zip(ranks["chunk_id"], ranks["doc_id"])))
+    # The diff first: killed between the two writes, the next update diffs against the same previous
+    # selection and publishes the same diff again.
+    partial = files.skeleton_diff.with_suffix(".tmp")
+    partial.write_text(json.dumps({"beta": beta, **diff.to_dict()}, indent=1))
+    partial.replace(files.skeleton_diff)
     files.write(files.skeleton, selection)
-    files.skeleton_diff.write_text(json.dumps({"beta": beta, **diff.to_dict()}, indent=1))
     coverage = (selection.group_by("doc_id").agg(pl.len().alias("chunks"), pl.col("selected").sum().alias("selected"))
                 .with_columns((pl.col("selected") / pl.col("chunks")).alias("share")).sort("doc_id"))
     return SkeletonResult(selection, diff, skeleton_size(ranks.height, beta), coverage)
@@ -205,33 +239,71 @@ class KeywordIndexResult:
 def update_keyword_index(files: CorpusFiles, store: ExtractStore, doc_ids: list[str], dimension: int) -> KeywordIndexResult:
     """Add the stats of new or changed documents and subtract those of changed or removed ones.
 
-    Each document's stats are kept as they were added (keyword_contrib/), so a removed document
-    can be subtracted after its own files are gone.
+    Each document's stats are kept as they were added (keyword_contrib/<doc>.<hash>.parquet), so a
+    removed document can be subtracted after its own files are gone. Crash-safe and idempotent: the
+    index file lists the contributions it holds (in its Parquet metadata) and is replaced atomically,
+    contributions are written before it and deleted only after it, so a process killed anywhere leaves
+    an index that agrees with its list, and the next update does exactly what is still missing.
     """
-    if files.keyword_index.exists():
-        index = pl.read_parquet(files.keyword_index)
-    else:  # contributions without the index they were added to are meaningless: start over
-        shutil.rmtree(files.keyword_contrib, ignore_errors=True)
-        index = kw.empty_keyword_index(dimension)
-    files.keyword_contrib.mkdir(parents=True, exist_ok=True)
-    contributed = {p.stem: p for p in files.keyword_contrib.glob("*.parquet")}
-    current = set(doc_ids) & set(store.doc_ids(KEYWORD_STATS))
+    current = sorted(set(doc_ids) & set(store.doc_ids(KEYWORD_STATS)))
+    hashes = {d: _file_hash(store.path(KEYWORD_STATS, d)) for d in current}
+    index, included = _load_keyword_index(files, dimension)
+    if included is None or any(included[d] != hashes.get(d) and not _contribution(files, d, included[d]).exists()
+                               for d in included):
+        # no index, an index without its list, or a contribution to subtract is gone: start over
+        index, included = kw.empty_keyword_index(dimension), {}
     added, removed, updated = [], [], []
-    for doc_id in sorted(set(contributed) | current):
-        old = pl.read_parquet(contributed[doc_id]) if doc_id in contributed else None
-        new = store.read(KEYWORD_STATS, doc_id) if doc_id in current else None
-        if old is not None and new is not None and old.equals(new):
+    for doc_id in sorted(set(included) | set(hashes)):
+        old, new = included.get(doc_id), hashes.get(doc_id)
+        if old == new:
             continue
         if old is not None:
-            index = kw.subtract_keyword_stats(index, old)
+            index = kw.subtract_keyword_stats(index, pl.read_parquet(_contribution(files, doc_id, old)))
         if new is not None:
-            index = kw.add_keyword_stats(index, new)
-            files.write(files.keyword_contrib / f"{doc_id}.parquet", new)
-        else:
-            contributed[doc_id].unlink()
+            stats = store.read(KEYWORD_STATS, doc_id)
+            index = kw.add_keyword_stats(index, stats)
+            files.write(_contribution(files, doc_id, new), stats)
         (updated if old is not None and new is not None else added if new is not None else removed).append(doc_id)
-    files.write(files.keyword_index, index)
+    crash_point(KEYWORD_INDEX)
+    _write_keyword_index(files, index, hashes)
+    keep = {_contribution(files, d, h).name for d, h in hashes.items()}
+    for path in files.keyword_contrib.glob("*"):
+        if path.name not in keep:
+            path.unlink(missing_ok=True)
     return KeywordIndexResult(index, added, removed, updated)
+
+
+# Parquet metadata key of the keyword index: {doc_id: hash of the stats it includes}.
+KEYWORD_CONTRIBUTIONS = b"lexgraph.keyword_contributions"
+
+
+def _file_hash(path: Path) -> str:
+    return content_hash(path.read_bytes())[:16]
+
+
+def _contribution(files: CorpusFiles, doc_id: str, digest: str) -> Path:
+    return files.keyword_contrib / f"{doc_id}.{digest}.parquet"
+
+
+def _load_keyword_index(files: CorpusFiles, dimension: int) -> tuple[pl.DataFrame, dict[str, str] | None]:
+    """The saved index and the contributions it includes; None for those when it cannot be trusted."""
+    try:
+        listed = pq.read_schema(files.keyword_index).metadata or {}
+        included = json.loads(listed[KEYWORD_CONTRIBUTIONS]) if KEYWORD_CONTRIBUTIONS in listed else None
+        index = pl.read_parquet(files.keyword_index)
+    except FileNotFoundError:
+        return kw.empty_keyword_index(dimension), None
+    except (Exception, pl.exceptions.PanicException):  # a damaged file is rebuilt, not trusted
+        return kw.empty_keyword_index(dimension), None
+    if included is not None and index.height and index["vector_sum"].dtype.shape[0] != dimension:
+        included = None  # another embedding width: the sums cannot be combined
+    return index, included
+
+
+def _write_keyword_index(files: CorpusFiles, index: pl.DataFrame, included: dict[str, str]) -> None:
+    table = index.to_arrow()
+    files.write_arrow(files.keyword_index, table.replace_schema_metadata(
+        {**(table.schema.metadata or {}), KEYWORD_CONTRIBUTIONS: json.dumps(included, sort_keys=True).encode()}))
 
 
 def keyword_chunk_links(store: ExtractStore, doc_ids: list[str]) -> pl.DataFrame:

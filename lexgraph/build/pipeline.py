@@ -12,7 +12,9 @@ from typing import Callable, Iterable
 
 import polars as pl
 
+from lexgraph import progress as report
 from lexgraph.extract.chunking import TokenCounter, chunk_text
+from lexgraph.faults import CATALOG, EMBEDDING, crash_point
 from lexgraph.extract.embedder import Embedder
 from lexgraph.storage.extract_store import ExtractStore
 from lexgraph.inbox import record_read_results
@@ -105,9 +107,12 @@ def chunk_documents(doc_ids: Iterable[str], store: ExtractStore, counter: TokenC
     if max_tokens > limit:
         raise ValueError(f"chunk size {max_tokens} exceeds the embedder's input limit of {limit} word pieces")
     result = StageResult()
+    doc_ids = list(doc_ids)
+    report.start("chunking", len(doc_ids), "documents")
     for doc_id in doc_ids:
         source = store.read(SOURCES, doc_id).row(0, named=True)
         frame = chunk_frame(source, counter, max_tokens)
+        report.advance("chunking")
         if frame.height == 0:
             result.failed[doc_id] = f"{source['relative_path']}: no text to index after normalisation"
             continue
@@ -123,7 +128,9 @@ def chunk_documents(doc_ids: Iterable[str], store: ExtractStore, counter: TokenC
 def _embed_group(group: list[str], frames: list[pl.DataFrame], store: ExtractStore, embedder: Embedder,
                  vectors: VectorStore) -> int:
     chunks = pl.concat(frames)
-    matrix = embedder.embed(chunks["text"].to_list())
+    embedded = report.counter("embedding")
+    matrix = embedder.embed(chunks["text"].to_list(), progress=embedded)
+    embedded.finish(chunks.height)
     offset = 0
     for doc_id, frame in zip(group, frames):
         part = matrix[offset : offset + frame.height]
@@ -141,11 +148,14 @@ def embed_documents(doc_ids: Iterable[str], store: ExtractStore, embedder: Embed
     group: list[str] = []
     frames: list[pl.DataFrame] = []
     before = embedder.stats.tokens
+    doc_ids = list(doc_ids)
+    report.start("embedding", sum(store.rows(CHUNKS, d) for d in doc_ids), "chunks")
 
     def flush() -> None:
         if group:
             result.rows += _embed_group(group, frames, store, embedder, vectors)
             result.done.extend(group)
+            crash_point(EMBEDDING)
             if progress:
                 progress(len(group))
         group.clear()
@@ -167,6 +177,7 @@ def load_graph(doc_ids: list[str], store: ExtractStore, graph: GraphStore, vecto
     result = StageResult()
     if not doc_ids:
         return result
+    report.start("graph", len(doc_ids), "documents")
     now = datetime.now(timezone.utc)
     sources = pl.concat([store.read(SOURCES, d).drop("text") for d in doc_ids]).with_columns(
         pl.lit(now).alias("ingested_at"))
@@ -175,6 +186,8 @@ def load_graph(doc_ids: list[str], store: ExtractStore, graph: GraphStore, vecto
     counts = chunks.group_by("doc_id").len("chunk_count")
     vectors.upsert_sources(sources.join(counts, on="doc_id", how="left").with_columns(
         pl.col("chunk_count").fill_null(0).cast(pl.Int32)))
+    crash_point(CATALOG)
+    report.advance("graph", len(doc_ids))
     result.done = list(doc_ids)
     result.rows = chunks.height
     return result
@@ -212,7 +225,10 @@ def extract_document_keywords(doc_ids: Iterable[str], store: ExtractStore, embed
 
     def flush() -> None:
         sentences = [s for _, extraction in pending for s in extraction.sentences]
-        matrix = embedder.embed(sentences)
+        report.start("keywords", len(sentences), "sentences")
+        embedded = report.counter("keywords")
+        matrix = embedder.embed(sentences, progress=embedded)
+        embedded.finish(len(sentences))
         offset = 0
         for doc_id, extraction in pending:
             vectors = matrix[offset : offset + len(extraction.sentences)]

@@ -1,0 +1,103 @@
+"""Extract-store integrity: a truncated or damaged Parquet file is named, never read as garbage, and
+sends its document back for re-ingestion; what cannot be re-ingested fails with the file's name."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from lexgraph.settings import Settings
+from lexgraph.storage.extract_store import CorruptExtractError, ExtractStore, parquet_problem, verify_extracts
+from lexgraph.storage.vector_store import VectorStore
+from tests.test_crash_recovery import assert_same_stores, store_snapshot
+
+
+def _truncate(path: Path, keep: float = 0.6) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+def test_truncated_file_is_named_when_read_and_found_by_verify(tmp_path):
+    store = ExtractStore(tmp_path)
+    frame = pl.DataFrame({"chunk_id": [f"c{i}" for i in range(500)], "text": ["some text"] * 500})
+    path = store.write("chunks", "doc-a", frame)
+    store.write("chunks", "doc-b", frame)
+    assert parquet_problem(path) is None and store.rows("chunks", "doc-a") == 500
+    assert verify_extracts(store, ["doc-a", "doc-b"], ["chunks"]) == {}
+
+    _truncate(path)
+    with pytest.raises(CorruptExtractError) as caught:
+        store.read("chunks", "doc-a")
+    assert str(path) in str(caught.value) and "truncated" in str(caught.value)
+    assert (caught.value.stage, caught.value.doc_id) == ("chunks", "doc-a")
+    with pytest.raises(CorruptExtractError, match="doc-a.parquet"):
+        store.scan("chunks")
+
+    problems = verify_extracts(store, ["doc-a", "doc-b"], ["chunks", "keywords"])
+    assert set(problems) == {"doc-a", "doc-b"}
+    assert str(path) in problems["doc-a"] and "truncated" in problems["doc-a"]
+    assert "keywords" in problems["doc-b"] and "missing" in problems["doc-b"]  # an output it should have
+    assert store.remove_corrupt("doc-a") == [path] and not path.exists()
+    assert store.read("chunks", "doc-b").equals(frame)
+
+    path.write_bytes(b"PAR1")  # too short to be anything
+    assert "too short" in verify_extracts(store, ["doc-a"])["doc-a"]
+
+
+def _cli(home: Path, *args: str) -> tuple[int, str, str]:
+    """`lexgraph ingest` in this process with an ephemeral Dagster instance."""
+    import contextlib
+    import io
+
+    from orchestration.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved = {k: os.environ.pop(k) for k in [k for k in os.environ if k.startswith(("LEXGRAPH_", "DAGSTER_"))]}
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(["--home", str(home), "ingest", "--quiet", *args])
+    finally:
+        os.environ.update(saved)
+    return code, out.getvalue(), err.getvalue()
+
+
+def _doc(home: Path, name: str) -> str:
+    catalog = VectorStore(Settings.from_env(home=home).lance_uri).sources()
+    return catalog.filter(pl.col("relative_path") == name)["doc_id"][0]
+
+
+def test_truncated_extract_files_are_reingested_and_the_index_converges(tiny_corpus, home, embedder):
+    code, out, _ = _cli(home, str(tiny_corpus))
+    assert code == 0, out
+    clean = store_snapshot(home)
+    store = ExtractStore(Settings.from_env(home=home).extract_dir)
+    alpha, gamma = _doc(home, "alpha.md"), _doc(home, "gamma.md")
+    _truncate(store.path("chunks", alpha))
+    _truncate(store.path("keywords", gamma), keep=0.3)
+
+    code, out, err = _cli(home, str(tiny_corpus))
+    assert code == 0, out + err
+    assert "in 1 Dagster run(s)" in out  # the two damaged documents, re-ingested together
+    assert verify_extracts(store, [alpha, gamma], ["chunks", "keywords"]) == {}
+    assert_same_stores(store_snapshot(home), clean)
+
+
+def test_damage_that_cannot_be_reingested_names_the_file(tiny_corpus, home, embedder):
+    assert _cli(home, str(tiny_corpus))[0] == 0
+    store = ExtractStore(Settings.from_env(home=home).extract_dir)
+    gamma = _doc(home, "gamma.md")
+    damaged = store.path("keywords", gamma)
+    _truncate(damaged)
+    (tiny_corpus / "gamma.md").unlink()  # its source left the inbox: nothing to re-ingest it from
+    (tiny_corpus / "delta.md").write_text("# Delta\n\nDelta Freight chartered a vessel from Alpha Shipping.\n")
+
+    code, out, err = _cli(home, str(tiny_corpus))
+    assert f"failed: {damaged}" in out and "no longer in the inbox" in out
+    # The corpus update reads every document's keywords: it fails, and the CLI says why, naming the file.
+    assert code == 1 and "corpus-wide index update" in err and str(damaged) in err, out + err
+    assert _cli(home, str(tiny_corpus))[0] == 1  # not silently "fixed" by running again
+
+    code, out, err = _cli(home, "--prune", str(tiny_corpus))  # once the document is removed, all is well
+    assert code == 0 and "1 removed" in out, out + err
