@@ -9,7 +9,9 @@ from pathlib import Path
 
 import dagster as dg
 
+from assets.documents import OWNERS
 from lexgraph.evaluation import bench
+from lexgraph.evaluation.report import recall_bars_markdown
 from resources import IndexResource, InboxResource
 
 GROUP = "evaluation"
@@ -27,8 +29,9 @@ class RetrievalBenchmarkConfig(dg.Config):
 
 
 def _embedding_tokens(instance: dg.DagsterInstance) -> int:
-    """Embedding tokens from the materialization metadata; a batched run reports its total on
-    every partition it covers, so each run is counted once."""
+    """Embedding tokens from the materialization metadata; a batched run reports its total
+    (batch_embedding_tokens; embedding_tokens before it was so labelled) on every partition it covers,
+    so each run is counted once."""
     total = 0
     for asset in EMBEDDING_ASSETS:
         per_run: dict[str, int] = {}
@@ -36,7 +39,8 @@ def _embedding_tokens(instance: dg.DagsterInstance) -> int:
         while more:
             page = instance.fetch_materializations(dg.AssetKey(asset), limit=PAGE, cursor=cursor)
             for record in page.records:
-                entry = record.asset_materialization.metadata.get("embedding_tokens")
+                metadata = record.asset_materialization.metadata
+                entry = metadata.get("batch_embedding_tokens") or metadata.get("embedding_tokens")
                 if entry is not None:
                     per_run[record.run_id] = int(entry.value)
             cursor, more = page.cursor, page.has_more
@@ -45,11 +49,12 @@ def _embedding_tokens(instance: dg.DagsterInstance) -> int:
 
 
 @dg.asset(
-    group_name=GROUP, kinds={"python"},
+    group_name=GROUP, kinds={"python", "lancedb", "parquet"}, owners=OWNERS,
     deps=[dg.AssetKey("keyword_index"), dg.AssetKey("skeleton_selection")],
     description="Evidence recall@k, answer coverage at a token budget and latency of the dense (NaiveRAG), "
-    "BM25, KET-RAG keyword and hybrid retrieval methods over the inbox's index, on a questions file "
-    "($LEXGRAPH_QUESTIONS, default sample/questions.json).",
+    "BM25, KET-RAG keyword and hybrid retrieval methods over the inbox's index (LanceDB vectors and the "
+    "corpus Parquet state), on a questions file ($LEXGRAPH_QUESTIONS, default sample/questions.json); "
+    "writes report.md, report.json and a recall plot.",
 )
 def retrieval_benchmark(context: dg.AssetExecutionContext, config: RetrievalBenchmarkConfig,
                         index: IndexResource, inbox: InboxResource) -> dg.MaterializeResult:
@@ -67,7 +72,7 @@ def retrieval_benchmark(context: dg.AssetExecutionContext, config: RetrievalBenc
     best = max(data["summary"], key=lambda m: data["summary"][m]["overall"]["recall"].get(5) or 0.0)
     return dg.MaterializeResult(metadata={
         "table": dg.MetadataValue.md(report.table),
-        "recall_at_k": dg.MetadataValue.md(bench.recall_bars_markdown(data["summary"], data["settings"]["ks"])),
+        "recall_at_k": dg.MetadataValue.md(recall_bars_markdown(data["summary"], data["settings"]["ks"])),
         "recall_plot": dg.MetadataValue.path(str(out / "recall_at_k.svg")),
         "report": dg.MetadataValue.path(str(out / "report.md")),
         "questions": data["questions"]["count"],

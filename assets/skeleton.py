@@ -1,52 +1,117 @@
 """KET-RAG corpus assets: per-document keywords, then corpus-wide KNN graph → PageRank → β-skeleton
-and the keyword index. The corpus assets update incrementally from their saved state."""
+and the keyword index. The corpus assets update incrementally from their saved state.
+
+Each corpus asset records, as its last action, the catalog digest it was built from
+(CorpusFiles.record_built), which the corpus sensor and `lexgraph ingest` compare with the current
+catalog; an empty catalog (every document purged) clears the corpus state instead of failing.
+"""
 import dagster as dg
 import numpy as np
 import polars as pl
 
-from assets.documents import GROUP as INGESTION, document_chunks, document_graph
+from assets.documents import (GROUP as INGESTION, OWNERS, batch_metadata, data_version, describe_partitions,
+                              document_chunks, document_graph, stored_hashes, with_output)
 from lexgraph.build import corpus_index as ci
 from lexgraph.build import pipeline
+from lexgraph.build.skeleton import skeleton_size
 from lexgraph.extract.keywords import keyword_vectors
+from lexgraph.ids import content_hash
 from orchestration.partitions import GRAPH_WRITER_POOL, batched, documents
 from resources import EmbedderResource, IndexResource, KuzuResource, LanceDBResource
 
 GROUP = "skeleton"
 
 
+def _keyword_problems(store, doc_ids: list[str]) -> dict[str, str]:
+    """doc_id -> what is wrong with its stored keywords: missing files, no keyword rows although its
+    chunks have words, occurrences pointing at other documents' chunks, or stats that disagree."""
+    problems: dict[str, str] = {}
+    for doc_id in doc_ids:
+        missing = [s for s in (pipeline.KEYWORDS, pipeline.KEYWORD_STATS) if not store.exists(s, doc_id)]
+        if missing:
+            problems[doc_id] = f"no {' or '.join(missing)} output"
+            continue
+        chunks = store.read(pipeline.CHUNKS, doc_id)
+        occurrences = store.read(pipeline.KEYWORDS, doc_id)
+        stats = store.read(pipeline.KEYWORD_STATS, doc_id)
+        has_words = chunks.height and chunks["text"].str.contains(r"[^\W\d_]{2,}").any()
+        if has_words and occurrences.height == 0:
+            problems[doc_id] = "its chunks have words but it has no keyword rows"
+        elif not set(occurrences["chunk_id"].to_list()) <= set(chunks["chunk_id"].to_list()):
+            problems[doc_id] = "keyword rows point at chunks that are not the document's"
+        elif set(occurrences["keyword"].to_list()) != set(stats["keyword"].to_list()):
+            problems[doc_id] = "keyword stats do not match the keyword rows"
+    return problems
+
+
 @dg.asset(
     partitions_def=documents, backfill_policy=batched, group_name=INGESTION, kinds={"python", "parquet"},
-    deps=[document_chunks],
+    owners=OWNERS, deps=[document_chunks],
     description="LLM-free keywords of each chunk (content words and proper-noun phrases) with the sums of "
-    "their sentences' embeddings, the document's share of KET-RAG's keyword vectors.",
+    "their sentences' embeddings, the document's share of KET-RAG's keyword vectors; stored as Parquet.",
+    check_specs=[dg.AssetCheckSpec(
+        "keywords_stored_for_every_document", asset="document_keywords",
+        description="Every document of this run has keyword rows (when its chunks have words) and keyword "
+        "stats stored; the rows point only at the document's own chunks and agree with the stats.")],
 )
 def document_keywords(context: dg.AssetExecutionContext, index: IndexResource,
                       embedder: EmbedderResource) -> dg.MaterializeResult:
     store = index.extract_store()
-    ready = [k for k in context.partition_keys if store.exists(pipeline.CHUNKS, k)]
+    ready = with_output(context, store, pipeline.CHUNKS)
     result = pipeline.extract_document_keywords(ready, store, embedder.get())
-    return dg.MaterializeResult(metadata={"documents": len(result.done), "keyword_occurrences": result.rows,
-                                          "embedding_tokens": result.tokens})
+    describe_partitions(context, result, pipeline.CHUNKS)
+    problems = _keyword_problems(store, ready)
+    return dg.MaterializeResult(
+        metadata=batch_metadata(context, result, batch_embedding_tokens=result.tokens),
+        data_version=data_version(context, stored_hashes(store, context.partition_keys), result),
+        check_results=[dg.AssetCheckResult(check_name="keywords_stored_for_every_document", passed=not problems,
+                                           metadata={"documents_checked": len(ready),
+                                                     "problems": dg.MetadataValue.json(problems)})],
+    )
+
+
+def _corpus_version(context: dg.AssetExecutionContext, digest: str) -> dg.DataVersion:
+    """A corpus asset's data version: its code version and the catalog it was built from, so rebuilding
+    from the same catalog with the same code changes nothing downstream."""
+    code = context.assets_def.code_versions_by_key.get(context.asset_key) or ""
+    return dg.DataVersion(content_hash(f"{context.asset_key.to_user_string()}\n{code}\n{digest}"))
+
+
+def _built_from(files: ci.CorpusFiles, step: str) -> str:
+    digest = files.built_digests().get(step)
+    if digest is None:
+        raise dg.Failure(f"{step} has not been built yet; run the build_corpus_index job")
+    return digest
+
+
+def _catalog_chunks(vectors, indexed: dict[str, str]) -> tuple[pl.DataFrame, np.ndarray]:
+    """Chunk ids and vectors of the documents in the catalog (those whose graph load finished)."""
+    if not indexed or not vectors.count("chunks"):
+        empty = pl.DataFrame(schema={"chunk_id": pl.String, "doc_id": pl.String})
+        return empty, np.zeros((0, vectors.vector_dimension() or 1), dtype=np.float32)
+    chunks, matrix = vectors.chunk_vectors()
+    loaded = chunks["doc_id"].is_in(list(indexed))
+    return chunks.filter(loaded), matrix[loaded.to_numpy()]
 
 
 @dg.asset(
-    group_name=GROUP, kinds={"python", "kuzu"}, deps=[document_graph, document_keywords], pool=GRAPH_WRITER_POOL,
+    group_name=GROUP, kinds={"python", "lancedb", "parquet", "kuzu"}, owners=OWNERS,
+    deps=[document_graph, document_keywords], pool=GRAPH_WRITER_POOL,
     description="Chunk KNN graph of KET-RAG's two kinds: K nearest by embedding cosine and K nearest by shared "
-    "distinct content words; undirected SIMILAR edges in Kùzu. Updated from the saved graph: new chunks "
-    "are searched, removed ones dropped, and the lists they touch refreshed.",
-    check_specs=[dg.AssetCheckSpec("every_chunk_has_a_neighbour", asset="chunk_knn_graph")],
+    "distinct content words; undirected SIMILAR edges in Kùzu, state as Parquet. Reads the vectors and the "
+    "catalog from LanceDB. Updated from the saved graph: new chunks are searched, removed ones dropped, "
+    "and the lists they touch refreshed. An empty catalog leaves no edges.",
+    check_specs=[dg.AssetCheckSpec(
+        "every_chunk_has_a_neighbour", asset="chunk_knn_graph",
+        description="Every indexed chunk has at least one SIMILAR edge, so PageRank reaches it.")],
 )
 def chunk_knn_graph(context: dg.AssetExecutionContext, index: IndexResource, lancedb: LanceDBResource,
                     kuzu: KuzuResource) -> dg.MaterializeResult:
     store, files = index.extract_store(), index.corpus_files()
     store_vectors = lancedb.get()
-    chunks, vectors = store_vectors.chunk_vectors()
-    if chunks.height == 0:
-        raise dg.Failure("no chunks are indexed yet; ingest documents first")
-    loaded = chunks["doc_id"].is_in(store_vectors.sources()["doc_id"].to_list())
-    chunks, vectors = chunks.filter(loaded), vectors[loaded.to_numpy()]  # only documents whose graph load finished
-    if chunks.height == 0:
-        raise dg.Failure("no chunks are indexed yet; ingest documents first")
+    indexed = store_vectors.indexed_hashes()  # the catalog this build is made from
+    digest = ci.catalog_digest(indexed)
+    chunks, vectors = _catalog_chunks(store_vectors, indexed)
     words = ci.chunk_words(store, chunks["chunk_id"])
     settings = index.settings()
     mode = ci.knn_mode(settings.knn_mode, chunks.height)
@@ -56,14 +121,17 @@ def chunk_knn_graph(context: dg.AssetExecutionContext, index: IndexResource, lan
     linked = set(result.edges["src"].to_list()) | set(result.edges["dst"].to_list())
     isolated = chunks.height - len(linked & set(chunks["chunk_id"].to_list()))
     counts = result.edges.group_by("kind").len()
+    files.record_built("chunk_knn_graph", digest)
     return dg.MaterializeResult(
         metadata={
+            "catalog_documents": len(indexed), "catalog_digest": digest,
             "chunks": chunks.height, "edges": result.edges.height, "k": settings.knn_k, "mode": mode,
             "edges_by_kind": dg.MetadataValue.json(dict(zip(counts["kind"], counts["len"]))),
             "rebuilt": result.rebuilt,
             "semantic_update": dg.MetadataValue.json(result.semantic.to_dict() if result.semantic else None),
             "lexical_update": dg.MetadataValue.json(result.lexical.to_dict() if result.lexical else None),
         },
+        data_version=_corpus_version(context, digest),
         check_results=[dg.AssetCheckResult(check_name="every_chunk_has_a_neighbour", passed=isolated == 0,
                                            metadata={"isolated_chunks": isolated})],
     )
@@ -82,68 +150,99 @@ def _histogram(values: np.ndarray, bins: int = 12) -> str:
 
 
 @dg.asset(
-    group_name=GROUP, kinds={"python", "kuzu", "lancedb"}, deps=[chunk_knn_graph],
-    description="Weighted PageRank over the chunk KNN graph (both kinds of edge).",
-    check_specs=[dg.AssetCheckSpec("pagerank_sums_to_one", asset="chunk_pagerank")],
+    group_name=GROUP, kinds={"python", "parquet"}, owners=OWNERS, deps=[chunk_knn_graph],
+    description="Weighted PageRank over the chunk KNN graph (both kinds of edge), read from and written to "
+    "the corpus Parquet state; the stores receive the scores with the skeleton selection.",
+    check_specs=[dg.AssetCheckSpec(
+        "pagerank_sums_to_one", asset="chunk_pagerank",
+        description="The stored PageRank scores are a probability distribution over the KNN graph's chunks: "
+        "one score per chunk, none negative, summing to 1 (an empty corpus has none).")],
 )
-def chunk_pagerank(index: IndexResource, lancedb: LanceDBResource) -> dg.MaterializeResult:
+def chunk_pagerank(context: dg.AssetExecutionContext, index: IndexResource) -> dg.MaterializeResult:
     files = index.corpus_files()
+    digest = _built_from(files, "chunk_knn_graph")
     edges = pl.read_parquet(files.edges)
     chunks = pl.read_parquet(files.knn_corpus, columns=["chunk_id", "doc_id"])
     ranks = ci.compute_pagerank(files, chunks, edges)
+    stored = pl.read_parquet(files.pagerank)
+    total = float(stored["pagerank"].sum())
+    ok = stored.height == chunks.height and (stored.height == 0 or (abs(total - 1) < 1e-6
+                                                                    and float(stored["pagerank"].min()) >= 0))
     values = ranks["pagerank"].to_numpy()
-    total = float(values.sum())
+    metadata = {"chunks": ranks.height, "catalog_digest": digest}
+    if len(values):
+        metadata.update({"pagerank_max": float(values.max()), "pagerank_min": float(values.min()),
+                         "pagerank_median": float(np.median(values)),
+                         "distribution": dg.MetadataValue.md(_histogram(values))})
+    files.record_built("chunk_pagerank", digest)
     return dg.MaterializeResult(
-        metadata={"chunks": ranks.height, "pagerank_max": float(values.max()), "pagerank_min": float(values.min()),
-                  "pagerank_median": float(np.median(values)), "distribution": dg.MetadataValue.md(_histogram(values))},
-        check_results=[dg.AssetCheckResult(check_name="pagerank_sums_to_one", passed=abs(total - 1) < 1e-6,
-                                           metadata={"sum": total})],
+        metadata=metadata, data_version=_corpus_version(context, digest),
+        check_results=[dg.AssetCheckResult(check_name="pagerank_sums_to_one", passed=ok,
+                                           metadata={"sum": total, "scored_chunks": stored.height,
+                                                     "graph_chunks": chunks.height})],
     )
 
 
 @dg.asset(
-    group_name=GROUP, kinds={"python", "kuzu", "lancedb"}, deps=[chunk_pagerank], pool=GRAPH_WRITER_POOL,
+    group_name=GROUP, kinds={"python", "parquet", "kuzu", "lancedb"}, owners=OWNERS, deps=[chunk_pagerank],
+    pool=GRAPH_WRITER_POOL,
     description="The β-skeleton: the top ⌊β·n⌋ chunks by PageRank, the only ones later sent to LLM extraction. "
+    "Kept as Parquet; PageRank and membership are written onto the Kùzu Chunk nodes and LanceDB chunk rows. "
     "Publishes the diff against the previous selection (newly selected / deselected chunks and their "
     "documents) so re-extraction touches only what changed.",
-    check_specs=[dg.AssetCheckSpec("selection_has_beta_n_chunks", asset="skeleton_selection")],
+    check_specs=[dg.AssetCheckSpec(
+        "selection_has_beta_n_chunks", asset="skeleton_selection",
+        description="The stored selection has exactly ⌊β·n⌋ selected chunks out of the n ranked ones.")],
 )
-def skeleton_selection(index: IndexResource, lancedb: LanceDBResource, kuzu: KuzuResource) -> dg.MaterializeResult:
+def skeleton_selection(context: dg.AssetExecutionContext, index: IndexResource, lancedb: LanceDBResource,
+                       kuzu: KuzuResource) -> dg.MaterializeResult:
     files = index.corpus_files()
+    digest = _built_from(files, "chunk_pagerank")
     ranks = pl.read_parquet(files.pagerank)
     beta = index.settings().beta
     result = ci.select(files, ranks, beta)
-    with kuzu.writer() as graph:
-        graph.set_chunk_scores(result.selection)
-    lancedb.get().set_chunk_scores(result.selection)
-    selected = int(result.selection["selected"].sum())
+    if result.selection.height:
+        with kuzu.writer() as graph:
+            graph.set_chunk_scores(result.selection)
+        lancedb.get().set_chunk_scores(result.selection)
+    stored = pl.read_parquet(files.skeleton)
+    selected, expected = int(stored["selected"].sum()), skeleton_size(ranks.height, beta)
     diff = result.diff.to_dict()
     coverage = "\n".join(["| document | chunks | selected | share |", "|---|---|---|---|"] + [
         f"| {r['doc_id']} | {r['chunks']} | {r['selected']} | {r['share']:.0%} |"
         for r in result.coverage.sort("share").head(40).iter_rows(named=True)])
+    files.record_built("skeleton_selection", digest)
     return dg.MaterializeResult(
-        metadata={"beta": beta, "chunks": ranks.height, "selected": selected,
+        metadata={"beta": beta, "chunks": ranks.height, "selected": selected, "catalog_digest": digest,
                   "newly_selected": diff["newly_selected_count"], "deselected": diff["deselected_count"],
                   "documents_to_reextract": dg.MetadataValue.json(diff["documents"]),
                   "diff_path": dg.MetadataValue.path(str(files.skeleton_diff)),
                   "coverage_lowest_40": dg.MetadataValue.md(coverage)},
-        check_results=[dg.AssetCheckResult(check_name="selection_has_beta_n_chunks", passed=selected == result.size,
-                                           metadata={"selected": selected, "expected": result.size})],
+        data_version=_corpus_version(context, digest),
+        check_results=[dg.AssetCheckResult(check_name="selection_has_beta_n_chunks",
+                                           passed=selected == expected and stored.height == ranks.height,
+                                           metadata={"selected": selected, "expected": expected})],
     )
 
 
 @dg.asset(
-    group_name=GROUP, kinds={"python", "kuzu", "lancedb"}, deps=[document_keywords, document_graph],
-    pool=GRAPH_WRITER_POOL,
+    group_name=GROUP, kinds={"python", "parquet", "kuzu", "lancedb"}, owners=OWNERS,
+    deps=[document_keywords, document_graph], pool=GRAPH_WRITER_POOL,
     description="The LLM-free keyword↔chunk bipartite graph over all chunks: Keyword nodes and KEYWORD_IN edges "
-    "in Kùzu, keyword vectors (mean embedding of the sentences a keyword occurs in) in LanceDB. Sums are "
-    "updated per document: added documents add theirs, removed ones subtract.",
-    check_specs=[dg.AssetCheckSpec("no_dangling_keyword_links", asset="keyword_index")],
+    "in Kùzu, keyword vectors (mean embedding of the sentences a keyword occurs in) in LanceDB, sums kept as "
+    "Parquet. Sums are updated per document: added documents add theirs, removed ones subtract. An empty "
+    "catalog leaves no keywords.",
+    check_specs=[dg.AssetCheckSpec(
+        "no_dangling_keyword_links", asset="keyword_index",
+        description="Every Keyword node links to at least one Chunk (KEYWORD_IN); none is left from a "
+        "removed document.")],
 )
-def keyword_index(index: IndexResource, lancedb: LanceDBResource, kuzu: KuzuResource,
-                  embedder: EmbedderResource) -> dg.MaterializeResult:
+def keyword_index(context: dg.AssetExecutionContext, index: IndexResource, lancedb: LanceDBResource,
+                  kuzu: KuzuResource, embedder: EmbedderResource) -> dg.MaterializeResult:
     store, files, vectors = index.extract_store(), index.corpus_files(), lancedb.get()
-    doc_ids = vectors.sources()["doc_id"].to_list()
+    indexed = vectors.indexed_hashes()  # the catalog this build is made from
+    digest = ci.catalog_digest(indexed)
+    doc_ids = sorted(indexed)
     result = ci.update_keyword_index(files, store, doc_ids, embedder.get().dimension)
     links = ci.keyword_chunk_links(store, doc_ids)
     with kuzu.writer() as graph:
@@ -151,11 +250,14 @@ def keyword_index(index: IndexResource, lancedb: LanceDBResource, kuzu: KuzuReso
         dangling = graph.query("MATCH (k:Keyword) WHERE NOT EXISTS { MATCH (k)-[:KEYWORD_IN]->(:Chunk) } "
                                "RETURN count(k) AS n")["n"][0]
     vectors.replace_keywords(keyword_vectors(result.index))
+    files.record_built("keyword_index", digest)
     return dg.MaterializeResult(
         metadata={"keywords": result.index.height, "keyword_chunk_links": links.height,
+                  "catalog_documents": len(indexed), "catalog_digest": digest,
                   "documents_added": len(result.added), "documents_removed": len(result.removed),
                   "documents_updated": len(result.updated),
                   "lance_table": dg.MetadataValue.path(vectors.table_uri("keywords"))},
+        data_version=_corpus_version(context, digest),
         check_results=[dg.AssetCheckResult(check_name="no_dangling_keyword_links", passed=int(dangling) == 0,
                                            metadata={"keywords_without_chunks": int(dangling)})],
     )

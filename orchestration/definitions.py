@@ -4,30 +4,56 @@ from __future__ import annotations
 import dagster as dg
 
 from assets.bench import retrieval_benchmark
-from assets.documents import document_assets
+from assets.documents import document_assets, inbox
 from assets.skeleton import corpus_assets, document_keywords
+from lexgraph.ids import short_hash
+from lexgraph.settings import CHUNKER_VERSION, Settings
 from orchestration.jobs import build_corpus_index, ingest_documents, purge_documents
-from orchestration.sensors import corpus_index_after_ingest, inbox_sensor, nightly_ingest, nightly_purge
-from lexgraph.settings import Settings
+from orchestration.sensors import corpus_index_sensor, inbox_sensor, nightly_ingest, nightly_purge
 from resources import EmbedderResource, IndexResource, InboxResource, KuzuResource, LanceDBResource
+
+# Bump an asset's revision when its own code changes what it produces for the same input.
+ASSET_REVISIONS = {
+    "source_document": 1, "document_chunks": 1, "chunk_vectors": 1, "document_graph": 1, "document_keywords": 1,
+    "chunk_knn_graph": 1, "chunk_pagerank": 1, "skeleton_selection": 1, "keyword_index": 1,
+    "retrieval_benchmark": 1,
+}
+
+
+def code_versions(settings: Settings) -> dict[str, str]:
+    """Each asset's code version: its revision, the chunker version, the embedding model and the settings
+    that shape its output. Never the run id, so an unchanged build leaves every asset in sync."""
+    document = f"chunker={CHUNKER_VERSION}|model={settings.embed_model}|chunk_tokens={settings.chunk_tokens}"
+    knn = f"{document}|knn_k={settings.knn_k}|knn_mode={settings.knn_mode}"
+    shaped_by = {
+        "source_document": document, "document_chunks": document, "chunk_vectors": document,
+        "document_graph": document, "document_keywords": document,
+        "chunk_knn_graph": knn, "chunk_pagerank": knn, "skeleton_selection": f"{knn}|beta={settings.beta}",
+        "keyword_index": document, "retrieval_benchmark": f"{knn}|beta={settings.beta}",
+    }
+    return {name: f"r{ASSET_REVISIONS[name]}-{short_hash(text, 10)}" for name, text in shaped_by.items()}
 
 
 def build_definitions(settings: Settings | None = None) -> dg.Definitions:
     """Definitions whose resources all come from one Settings (by default, the environment's)."""
     settings = settings or Settings.from_env()
     index = IndexResource.from_settings(settings)
-    inbox = InboxResource(path=str(settings.inbox))
+    inbox_resource = InboxResource(path=str(settings.inbox))
+    versions = code_versions(settings)
+    assets = dg.map_asset_specs(
+        lambda spec: spec.replace_attributes(code_version=versions.get(spec.key.to_user_string(), spec.code_version)),
+        [*document_assets, document_keywords, *corpus_assets, retrieval_benchmark])
     return dg.Definitions(
-        assets=[*document_assets, document_keywords, *corpus_assets, retrieval_benchmark],
+        assets=[inbox, *assets],
         jobs=[ingest_documents, purge_documents, build_corpus_index],
-        sensors=[inbox_sensor, corpus_index_after_ingest],
+        sensors=[inbox_sensor, corpus_index_sensor],
         schedules=[nightly_purge, nightly_ingest],
         # One process per run: the embedding model loads once and every step shares it (the default
         # multiprocess executor would load it again in each step's process).
         executor=dg.in_process_executor,
         resources={
             "index": index,
-            "inbox": inbox,
+            "inbox": inbox_resource,
             "embedder": EmbedderResource(index=index),
             "lancedb": LanceDBResource(index=index),
             "kuzu": KuzuResource(index=index),

@@ -1,33 +1,88 @@
-"""Inbox sensor and nightly schedule: find new, changed and removed files and request batched runs."""
+"""Inbox sensor, corpus sensor and nightly schedules.
+
+The inbox sensor finds new, changed and removed files and requests batched runs; the corpus sensor
+brings the corpus-wide index up to date with the catalog after any run that changed it (an inbox
+run, a UI backfill, `lexgraph ingest`, a purge), since it compares state rather than watching runs.
+"""
 
 import json
 
 import dagster as dg
+from dagster._core.definitions.data_version import DATA_VERSION_TAG
+from dagster._core.storage.tags import RUN_KEY_TAG
 
-from lexgraph.inbox import scan_folder, states_from_json, states_to_json
+from assets.documents import inbox as inbox_asset
+from lexgraph.build.corpus_index import catalog_digest
+from lexgraph.inbox import FileState, ReconcilePlan, scan_folder, states_from_json, states_to_json
 from orchestration.jobs import build_corpus_index, ingest_documents, purge_documents
 from orchestration.partitions import documents
 from orchestration.reconcile import ReconcileRequests, partition_requests, reconcile
-from resources import InboxResource, LanceDBResource
+from resources import IndexResource, InboxResource, LanceDBResource
+
+REMOVED = "removed"
+NAMES_IN_LOG = 10
+ACTIVE_RUN_STATUSES = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+                       dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
+
+
+def read_cursor(cursor: str | None) -> tuple[dict[str, FileState], dict[str, str]]:
+    """(file states of the last scan, doc_id -> content hash or "removed" already requested)."""
+    if not cursor:
+        return {}, {}
+    data = json.loads(cursor)
+    if isinstance(data.get("files"), dict) and isinstance(data.get("requested"), dict):
+        return states_from_json(data["files"]), dict(data["requested"])
+    return states_from_json(data), {}  # a cursor written before requests were remembered
+
+
+def _names(keys: list[str], files: dict[str, FileState]) -> str:
+    names = sorted(files[k].relative_path if k in files else k for k in keys)
+    more = f" and {len(names) - NAMES_IN_LOG} more" if len(names) > NAMES_IN_LOG else ""
+    return ", ".join(names[:NAMES_IN_LOG]) + more
+
+
+def describe_tick(plan: ReconcilePlan, fresh: dict[str, str], pending: dict[str, str],
+                  files: dict[str, FileState]) -> str:
+    """What this tick found that no earlier tick requested; pending work requested before is only counted."""
+    if not fresh:
+        waiting = f", {len(pending)} requested earlier and not yet done" if pending else ""
+        return f"inbox: nothing new ({len(plan.unchanged)} unchanged{waiting})"
+    parts = []
+    for label, keys in (("new", plan.new), ("changed", plan.changed), ("removed", plan.removed)):
+        mine = [k for k in keys if k in fresh]
+        if mine:
+            parts.append(f"{len(mine)} {label} ({_names(mine, files)})")
+    unreadable = [k for k in fresh if k in plan.invalid]
+    tail = f"; {len(unreadable)} of them unreadable" if unreadable else ""
+    earlier = len(pending) - len(fresh)
+    return f"inbox: requesting {', '.join(parts)}{tail}" + (f"; {earlier} requested earlier" if earlier else "")
 
 
 @dg.sensor(
     jobs=[ingest_documents, purge_documents], minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING,
     description="Compares inbox files (content hash) with the index catalog; adds partitions and requests "
-    "batched ingestion for new and changed files, and a purge for removed ones.",
+    "batched ingestion for new and changed files, and a purge for removed ones. Logs only what no earlier "
+    "tick requested; a changed file is observed at once, so its partition shows unsynced until ingested.",
 )
 def inbox_sensor(context: dg.SensorEvaluationContext, inbox: InboxResource, lancedb: LanceDBResource):
-    previous = states_from_json(json.loads(context.cursor)) if context.cursor else {}
+    previous, requested = read_cursor(context.cursor)
     files = scan_folder(inbox.root(), previous)
     existing = context.instance.get_dynamic_partitions(documents.name)
     requests = reconcile(files, lancedb.get().indexed_hashes(), existing, index_dir=lancedb.index.settings().index_dir, log=context.log)
     plan = requests.plan
-    context.log.info(f"inbox: {len(plan.new)} new, {len(plan.changed)} changed, {len(plan.removed)} removed, "
-                     f"{len(plan.invalid)} unreadable, {len(plan.unchanged)} unchanged")
+    pending = {k: files[k].content_hash for k in plan.to_index} | {k: REMOVED for k in plan.removed}
+    fresh = {k: v for k, v in pending.items() if requested.get(k) != v}
+    context.log.info(describe_tick(plan, fresh, pending, files))
+    known = set(existing)
+    observations = [dg.AssetObservation(asset_key=inbox_asset.key, partition=k,
+                                        tags={DATA_VERSION_TAG: files[k].content_hash},
+                                        metadata={"sha256": files[k].content_hash, "path": files[k].relative_path})
+                    for k in plan.changed if k in fresh and k in known]
     return dg.SensorResult(
         run_requests=requests.run_requests,
         dynamic_partitions_requests=partition_requests(requests),
-        cursor=json.dumps(states_to_json(files)),
+        asset_events=observations,
+        cursor=json.dumps({"files": states_to_json(files), "requested": pending}),
     )
 
 
@@ -62,11 +117,33 @@ def nightly_ingest(context: dg.ScheduleEvaluationContext, inbox: InboxResource, 
 
 
 # The corpus assets are unpartitioned and downstream of every document, so an eager condition would
-# fire on each partition; one update per successful ingest or purge run is what is wanted.
-@dg.run_status_sensor(
-    run_status=dg.DagsterRunStatus.SUCCESS, monitored_jobs=[ingest_documents, purge_documents],
-    request_job=build_corpus_index, default_status=dg.DefaultSensorStatus.RUNNING,
-    description="After documents are ingested or purged, update the KNN graph, PageRank, skeleton and keyword index.",
+# fire on each partition. The sensor instead compares the corpus state with the catalog every tick, so
+# it follows any run that changed the catalog, whoever launched it, and converges after a failure.
+@dg.sensor(
+    job=build_corpus_index, minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Every tick, compares the catalog digest each corpus asset was built from with the current "
+    "catalog; when any is out of step and no corpus run is queued or running, requests build_corpus_index "
+    "(run key: the catalog digest). Follows sensor runs, UI backfills, `lexgraph ingest` and purges alike.",
 )
-def corpus_index_after_ingest(context: dg.RunStatusSensorContext):
-    return dg.RunRequest(run_key=f"corpus-after-{context.dagster_run.run_id}")
+def corpus_index_sensor(context: dg.SensorEvaluationContext, index: IndexResource, lancedb: LanceDBResource):
+    indexed = lancedb.get().indexed_hashes()
+    files = index.corpus_files()
+    stale = files.stale_steps(indexed)
+    if not stale:
+        return dg.SkipReason(f"corpus index is current (built from the catalog of {len(indexed)} document(s))")
+    if not indexed and not files.built_digests():
+        return dg.SkipReason("nothing is indexed yet and no corpus index was ever built")
+    active = context.instance.get_runs(dg.RunsFilter(job_name=build_corpus_index.name, statuses=ACTIVE_RUN_STATUSES),
+                                       limit=1)
+    if active:
+        return dg.SkipReason(f"corpus index out of step ({', '.join(stale)}); waiting for corpus run "
+                             f"{active[0].run_id} to finish")
+    digest = catalog_digest(indexed)
+    earlier = context.instance.get_runs(dg.RunsFilter(job_name=build_corpus_index.name, tags={RUN_KEY_TAG: digest}),
+                                        limit=1)
+    if earlier and earlier[0].status == dg.DagsterRunStatus.FAILURE:
+        return dg.SkipReason(f"the corpus run for this catalog failed (run {earlier[0].run_id}); it is requested "
+                             "again when the catalog changes, or re-run it from the UI")
+    context.log.info(f"corpus index out of step with the catalog of {len(indexed)} document(s): {', '.join(stale)}")
+    return dg.RunRequest(run_key=digest, job_name=build_corpus_index.name, tags={"lexgraph/catalog_digest": digest,
+                                                                                 "lexgraph/stale_steps": ",".join(stale)})

@@ -5,7 +5,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from lexgraph.build.corpus_index import CorpusFiles
+from lexgraph.build.corpus_index import CORPUS_STEPS, CorpusFiles, catalog_digest
 from lexgraph.settings import Settings
 from orchestration.definitions import build_definitions
 from orchestration.runner import ingest_folder
@@ -44,6 +44,10 @@ def test_skeleton_builds_and_updates_incrementally(tiny_corpus, home, instance):
     knn_meta = _corpus_metadata(instance, "chunk_knn_graph")
     assert knn_meta["rebuilt"] is True
     assert _dangling(home) == (0, 0)
+    # every corpus step recorded the catalog it was built from
+    digest = catalog_digest(vectors.indexed_hashes())
+    assert files.built_digests() == dict.fromkeys(CORPUS_STEPS, digest) and files.stale_steps(vectors.indexed_hashes()) == []
+    assert knn_meta["catalog_digest"] == digest == _corpus_metadata(instance, "skeleton_selection")["catalog_digest"]
     lance_chunks = pl.from_arrow(vectors.db.open_table("chunks").to_arrow().select(["chunk_id", "pagerank", "in_skeleton"]))
     assert lance_chunks["in_skeleton"].sum() == int(0.8 * n) and lance_chunks["pagerank"].min() > 0
 
@@ -65,6 +69,23 @@ def test_skeleton_builds_and_updates_incrementally(tiny_corpus, home, instance):
     assert pl.read_parquet(files.skeleton)["selected"].sum() == int(0.8 * (n + 1))
     keyword_meta = _corpus_metadata(instance, "keyword_index")
     assert (keyword_meta["documents_added"], keyword_meta["documents_removed"]) == (1, 0)
+    assert files.stale_steps(vectors.indexed_hashes()) == []
+
+
+def test_pagerank_and_skeleton_inherit_the_catalog_the_knn_graph_was_built_from(tiny_corpus, home, instance):
+    """A corpus step that reads the KNN state records the catalog that state was built from, not the current
+    one: a document indexed meanwhile leaves the corpus out of step, so it is updated again."""
+    ingest_folder(tiny_corpus, instance, home=str(home), progress=False)
+    files = CorpusFiles(Settings.from_env(home=home).index_dir)
+    built = files.built_digests()["chunk_knn_graph"]
+    (tiny_corpus / "epsilon.md").write_text("# Epsilon\n\nEpsilon Freight leased two vessels in Bergen.\n")
+    ingest_folder(tiny_corpus, instance, home=str(home), progress=False, corpus=False)
+    from assets.skeleton import chunk_pagerank, skeleton_selection
+
+    defs = build_definitions(Settings.from_env(home=home, inbox=tiny_corpus))
+    assert dg.materialize([chunk_pagerank, skeleton_selection], instance=instance, resources=defs.resources).success
+    assert files.built_digests()["skeleton_selection"] == built
+    assert set(files.stale_steps(stores(home)[0].indexed_hashes())) == set(CORPUS_STEPS)
 
 
 def test_removing_a_document_leaves_no_dangling_edges_or_keywords(tiny_corpus, home, instance):

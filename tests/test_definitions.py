@@ -1,25 +1,46 @@
 """The Definitions load as `dagster dev` loads them, with the UI metadata the issue asks for."""
 import dagster as dg
 
-from orchestration.definitions import defs
+from lexgraph.settings import Settings
+from orchestration.definitions import build_definitions, defs
+
+PER_DOCUMENT = {"inbox", "source_document", "document_chunks", "chunk_vectors", "document_graph", "document_keywords"}
+CORPUS = {"chunk_knn_graph", "chunk_pagerank", "skeleton_selection", "keyword_index"}
+# What each asset reads or writes, besides running Python.
+KINDS = {
+    "inbox": {"filesystem"},
+    "source_document": {"python", "parquet"},
+    "document_chunks": {"python", "parquet"},
+    "chunk_vectors": {"python", "parquet", "lancedb"},
+    "document_graph": {"python", "parquet", "kuzu", "lancedb"},
+    "document_keywords": {"python", "parquet"},
+    "chunk_knn_graph": {"python", "parquet", "kuzu", "lancedb"},
+    "chunk_pagerank": {"python", "parquet"},
+    "skeleton_selection": {"python", "parquet", "kuzu", "lancedb"},
+    "keyword_index": {"python", "parquet", "kuzu", "lancedb"},
+    "retrieval_benchmark": {"python", "parquet", "lancedb"},
+}
 
 
 def test_definitions_load_with_assets_checks_sensor_and_schedules():
     repo = defs.get_repository_def()
     keys = {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()}
-    per_document = {"source_document", "document_chunks", "chunk_vectors", "document_graph", "document_keywords"}
-    corpus = {"chunk_knn_graph", "chunk_pagerank", "skeleton_selection", "keyword_index"}
-    assert keys == per_document | corpus | {"retrieval_benchmark"}
+    assert keys == PER_DOCUMENT | CORPUS | {"retrieval_benchmark"}
     checks = {c.name for c in repo.asset_graph.asset_check_keys}
-    assert {"no_empty_chunks", "chunks_within_embedder_limit", "vectors_have_model_dimension",
-            "every_chunk_has_a_source", "every_chunk_has_a_neighbour", "pagerank_sums_to_one",
-            "selection_has_beta_n_chunks", "no_dangling_keyword_links"} <= checks
-    assert {s.name for s in repo.sensor_defs} == {"inbox_sensor", "corpus_index_after_ingest"}
+    assert checks == {"every_source_is_stored", "no_empty_chunks", "chunks_within_embedder_limit",
+                      "vectors_have_model_dimension", "every_chunk_has_a_source", "keywords_stored_for_every_document",
+                      "every_chunk_has_a_neighbour", "pagerank_sums_to_one", "selection_has_beta_n_chunks",
+                      "no_dangling_keyword_links"}
+    for check in repo.asset_graph.asset_check_keys:
+        assert repo.asset_graph.get_check_spec(check).description, check
+    assert {s.name for s in repo.sensor_defs} == {"inbox_sensor", "corpus_index_sensor"}
     assert {s.name for s in repo.schedule_defs} == {"nightly_purge", "nightly_ingest"}
     for key in repo.asset_graph.get_all_asset_keys():
         node = repo.asset_graph.get(key)
-        assert node.description and node.kinds
-        if key.to_user_string() in per_document:
+        name = key.to_user_string()
+        assert node.description and node.owners == ["team:ingestion"], name
+        assert set(node.kinds) == KINDS[name], name
+        if name in PER_DOCUMENT:
             assert node.group_name == "ingestion"
             assert node.partitions_def == dg.DynamicPartitionsDefinition(name="documents")
         else:  # corpus-wide assets are unpartitioned and never upstream of a partitioned one
@@ -28,4 +49,26 @@ def test_definitions_load_with_assets_checks_sensor_and_schedules():
     assert repo.get_job("ingest_documents").executor_def.name == "in_process"
     for writer in ("document_graph", "chunk_knn_graph", "skeleton_selection", "keyword_index"):
         assert repo.asset_graph.get(dg.AssetKey(writer)).pools == {"kuzu_writer"}
+    # the inbox is observed (sha256 data versions) upstream of the sources, in every ingestion run
+    inbox = repo.asset_graph.get(dg.AssetKey("inbox"))
+    assert inbox.is_observable and dg.AssetKey("source_document") in inbox.child_keys
+    assert dg.AssetKey("inbox") in repo.get_job("ingest_documents").asset_layer.external_job_asset_keys | \
+        repo.get_job("ingest_documents").asset_layer.executable_asset_keys
 
+
+def _code_versions(settings):
+    graph = build_definitions(settings).get_repository_def().asset_graph
+    return {k.to_user_string(): graph.get(k).code_version for k in graph.materializable_asset_keys}
+
+
+def test_code_versions_come_from_the_settings_not_the_run(tmp_path):
+    settings = Settings.from_env(home=tmp_path)
+    versions = _code_versions(settings)
+    assert all(versions.values()) and versions == _code_versions(Settings.from_env(home=tmp_path / "elsewhere"))
+    chunking = _code_versions(settings.with_(chunk_tokens=120))
+    assert all(chunking[name] != versions[name] for name in versions)
+    beta = _code_versions(settings.with_(beta=0.5))
+    assert {name for name in versions if beta[name] != versions[name]} == {"skeleton_selection", "retrieval_benchmark"}
+    knn = _code_versions(settings.with_(knn_k=3))
+    assert {name for name in versions if knn[name] != versions[name]} == {
+        "chunk_knn_graph", "chunk_pagerank", "skeleton_selection", "retrieval_benchmark"}

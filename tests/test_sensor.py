@@ -1,19 +1,36 @@
-"""The inbox sensor and nightly schedule against a real instance and real stores."""
-from lexgraph.settings import Settings
+"""The inbox and corpus sensors and the nightly schedules against a real instance and real stores."""
+import hashlib
 import json
+import logging
 
 import dagster as dg
+import polars as pl
 
+from lexgraph.build.corpus_index import CorpusFiles, catalog_digest
+from lexgraph.settings import Settings
 from orchestration.definitions import build_definitions
 from orchestration.reconcile import contiguous_batches
-from orchestration.sensors import inbox_sensor, nightly_ingest, nightly_purge
+from orchestration.runner import ingest_folder
+from orchestration.sensors import corpus_index_sensor, inbox_sensor, nightly_ingest, nightly_purge
+from tests.helpers import graph_counts, stores
 
 
-def _evaluate(defs, instance, cursor=None):
+class _Lines(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def _evaluate(defs, instance, cursor=None, sensor=inbox_sensor, lines=None):
     """evaluate_tick resolves the requests against the sensor's targets, as the daemon does."""
     with dg.build_sensor_context(instance=instance, cursor=cursor, resources=defs.resources,
                                  repository_def=defs.get_repository_def()) as context:
-        return inbox_sensor.evaluate_tick(context)
+        if lines is not None:
+            context.log.addHandler(lines)
+        return sensor.evaluate_tick(context)
 
 
 def _execute(defs, instance, result):
@@ -24,6 +41,8 @@ def _execute(defs, instance, result):
         else:
             for key in change.partition_keys:
                 instance.delete_dynamic_partition(change.partitions_def_name, key)
+    for event in result.asset_events:
+        instance.report_runless_asset_event(event)
     for request in result.run_requests:
         job = defs.resolve_job_def(request.job_name)
         job.execute_in_process(instance=instance, tags=request.tags, run_config=request.run_config,
@@ -54,11 +73,10 @@ def test_sensor_requests_new_changed_and_removed(tiny_corpus, home, instance):
     kinds = {type(c).__name__: list(c.partition_keys) for c in third.dynamic_partitions_requests}
     assert kinds["DeleteDynamicPartitionsRequest"] == [removed]
     assert [k[:8] for k in kinds["AddDynamicPartitionsRequest"]] == ["blank.md"]
-    state = json.loads(third.cursor)
+    state = json.loads(third.cursor)["files"]
     assert any(s["problem"] and "blank.md" in s["problem"] for s in state.values())
     _execute(defs, instance, third)
 
-    from tests.helpers import stores
     vectors, _ = stores(home)
     catalog = vectors.sources()
     assert sorted(p for p in catalog["relative_path"]) == ["Søren notes: 2024.md", "alpha.md", "beta.txt"]
@@ -96,3 +114,91 @@ def test_contiguous_batches_split_around_untargeted_keys():
     assert contiguous_batches(keys, {"a", "b", "d", "f"}) == [["a", "b"], ["d"], ["f"]]
     assert contiguous_batches(keys, set(keys), max_batch=4) == [["a", "b", "c", "d"], ["e", "f"]]
     assert contiguous_batches(keys, set()) == []
+
+
+def test_inbox_sensor_logs_only_work_no_earlier_tick_requested(tiny_corpus, home, instance):
+    defs = build_definitions(Settings.from_env(home=home, inbox=tiny_corpus))
+    lines = _Lines()
+    first = _evaluate(defs, instance, lines=lines)
+    assert lines.lines[-1].startswith("inbox: requesting 4 new (") and "alpha.md" in lines.lines[-1]
+    for change in first.dynamic_partitions_requests:
+        instance.add_dynamic_partitions(change.partitions_def_name, list(change.partition_keys))
+    pending = _evaluate(defs, instance, first.cursor, lines=lines)  # requested, not run yet
+    assert lines.lines[-1] == "inbox: nothing new (0 unchanged, 4 requested earlier and not yet done)"
+    assert [r.run_key for r in pending.run_requests] == [r.run_key for r in first.run_requests]
+    _execute(defs, instance, pending)
+    quiet = _evaluate(defs, instance, pending.cursor, lines=lines)
+    assert lines.lines[-1] == "inbox: nothing new (4 unchanged)" and quiet.asset_events == []
+
+    # A changed file is logged once, and observed at once: its partition is unsynced until ingested.
+    (tiny_corpus / "beta.txt").write_text("Bolt Engines moved to Hamburg.\n")
+    changed = _evaluate(defs, instance, quiet.cursor, lines=lines)
+    assert lines.lines[-1] == "inbox: requesting 1 changed (beta.txt)"
+    [observation] = changed.asset_events
+    assert observation.asset_key == dg.AssetKey("inbox") and observation.partition.startswith("beta.txt-")
+    assert observation.tags["dagster/data_version"] == hashlib.sha256(b"Bolt Engines moved to Hamburg.\n").hexdigest()
+    again = _evaluate(defs, instance, changed.cursor, lines=lines)
+    assert lines.lines[-1] == "inbox: nothing new (3 unchanged, 1 requested earlier and not yet done)"
+    assert again.asset_events == []
+
+
+def _corpus_tick(defs, instance):
+    return _evaluate(defs, instance, sensor=corpus_index_sensor)
+
+
+def _run_corpus(defs, instance, request):
+    result = defs.resolve_job_def("build_corpus_index").execute_in_process(
+        instance=instance, tags={**request.tags, "dagster/run_key": request.run_key})
+    assert result.success
+
+
+def test_corpus_sensor_follows_every_change_of_the_catalog(tiny_corpus, home, instance):
+    settings = Settings.from_env(home=home, inbox=tiny_corpus)
+    defs = build_definitions(settings)
+    assert _corpus_tick(defs, instance).skip_message.startswith("nothing is indexed yet")
+    ingest_folder(tiny_corpus, instance, home=str(home), progress=False, corpus=False)  # e.g. a UI backfill
+    vectors, _ = stores(home)
+    [request] = _corpus_tick(defs, instance).run_requests
+    assert request.job_name == "build_corpus_index" and request.run_key == catalog_digest(vectors.indexed_hashes())
+
+    # A corpus run already in progress: no second one.
+    running = instance.create_run_for_job(defs.resolve_job_def("build_corpus_index"),
+                                          status=dg.DagsterRunStatus.STARTED)
+    assert f"waiting for corpus run {running.run_id}" in _corpus_tick(defs, instance).skip_message
+    instance.report_run_canceled(running)
+
+    _run_corpus(defs, instance, request)
+    files = CorpusFiles(settings.index_dir)
+    assert files.built_digests() == dict.fromkeys(files.stale_steps({}), request.run_key)
+    assert _corpus_tick(defs, instance).skip_message.startswith("corpus index is current")
+
+    # A purge changes the catalog: the corpus follows.
+    (tiny_corpus / "gamma.md").unlink()
+    ingest_folder(tiny_corpus, instance, home=str(home), prune=True, progress=False, corpus=False)
+    [after_purge] = _corpus_tick(defs, instance).run_requests
+    assert after_purge.run_key == catalog_digest(vectors.indexed_hashes()) != request.run_key
+    _run_corpus(defs, instance, after_purge)
+    assert _corpus_tick(defs, instance).skip_message.startswith("corpus index is current")
+
+    # Every document purged: the corpus state is cleared and records the empty catalog.
+    for path in list(tiny_corpus.iterdir()):
+        path.unlink()
+    ingest_folder(tiny_corpus, instance, home=str(home), prune=True, progress=False, corpus=False)
+    [emptied] = _corpus_tick(defs, instance).run_requests
+    assert emptied.run_key == catalog_digest({})
+    _run_corpus(defs, instance, emptied)
+    assert files.stale_steps({}) == []
+    assert graph_counts(home, ("Chunk", "SIMILAR", "Keyword", "KEYWORD_IN")) == dict.fromkeys(
+        ("Chunk", "SIMILAR", "Keyword", "KEYWORD_IN"), 0)
+    assert pl.read_parquet(files.keyword_index).height == 0 and pl.read_parquet(files.edges).height == 0
+    assert _corpus_tick(defs, instance).skip_message.startswith("corpus index is current")
+
+
+def test_corpus_sensor_does_not_repeat_a_failed_run(tiny_corpus, home, instance):
+    defs = build_definitions(Settings.from_env(home=home, inbox=tiny_corpus))
+    ingest_folder(tiny_corpus, instance, home=str(home), progress=False, corpus=False)
+    [request] = _corpus_tick(defs, instance).run_requests
+    failed = instance.create_run_for_job(defs.resolve_job_def("build_corpus_index"),
+                                         status=dg.DagsterRunStatus.FAILURE, tags={"dagster/run_key": request.run_key})
+    message = _corpus_tick(defs, instance).skip_message
+    assert "failed" in message and failed.run_id in message

@@ -43,6 +43,7 @@ class StageResult:
     failed: dict[str, str] = field(default_factory=dict)  # doc_id -> "path: problem"
     rows: int = 0
     tokens: int = 0
+    figures: dict[str, dict] = field(default_factory=dict)  # doc_id -> that document's own figures
 
 
 def save_source(document: SourceDocument, store: ExtractStore, version: str) -> None:
@@ -71,6 +72,9 @@ def load_sources(paths: dict[str, Path | None], root: Path, store: ExtractStore,
         save_source(replace(document, doc_id=doc_id), store, version)  # the caller's key is the partition key
         result.done.append(doc_id)
         result.rows += 1
+        result.figures[doc_id] = {"rows": 1, "source_path": document.relative_path, "sha256": document.content_hash,
+                                  "size_bytes": document.size_bytes, "modified_at": document.modified_at.isoformat(),
+                                  "format": document.format, "characters": len(document.text)}
     # Read failures are remembered in the index's problems.json (beside extract/), so an unchanged bad file
     # is not re-run on every ingest; documents that read fine now are forgotten there.
     record_read_results(store.root.parent, root, paths, result.done, result.failed)
@@ -120,6 +124,7 @@ def chunk_documents(doc_ids: Iterable[str], store: ExtractStore, counter: TokenC
         result.done.append(doc_id)
         result.rows += frame.height
         result.tokens += int(frame["token_count"].sum())
+        result.figures[doc_id] = {"rows": frame.height, "tokens": int(frame["token_count"].sum())}
         if progress:
             progress(1)
     return result
@@ -155,6 +160,7 @@ def embed_documents(doc_ids: Iterable[str], store: ExtractStore, embedder: Embed
         if group:
             result.rows += _embed_group(group, frames, store, embedder, vectors)
             result.done.extend(group)
+            result.figures.update({d: {"rows": f.height, "tokens": int(f["token_count"].sum())} for d, f in zip(group, frames)})
             crash_point(EMBEDDING)
             if progress:
                 progress(len(group))
@@ -190,6 +196,8 @@ def load_graph(doc_ids: list[str], store: ExtractStore, graph: GraphStore, vecto
     report.advance("graph", len(doc_ids))
     result.done = list(doc_ids)
     result.rows = chunks.height
+    per_doc = dict(counts.iter_rows())
+    result.figures = {d: {"rows": int(per_doc.get(d, 0))} for d in doc_ids}
     return result
 
 
@@ -237,6 +245,8 @@ def extract_document_keywords(doc_ids: Iterable[str], store: ExtractStore, embed
             store.write(KEYWORD_STATS, doc_id, keyword_stats(extraction.occurrences, vectors))
             result.done.append(doc_id)
             result.rows += extraction.occurrences.height
+            result.figures[doc_id] = {"rows": extraction.occurrences.height, "sentences": len(extraction.sentences),
+                                      "keywords": extraction.occurrences["keyword"].n_unique()}
         if progress:
             progress(len(pending))
         pending.clear()
