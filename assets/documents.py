@@ -306,6 +306,8 @@ def document_graph(context: dg.AssetExecutionContext, index: IndexResource, lanc
     ready = with_output(context, store, pipeline.VECTORS)
     with kuzu.writer() as graph:
         result = pipeline.load_graph(ready, store, graph, lancedb.get())
+        if result.done:
+            index.corpus_files().forget_built()
         orphans = graph.query(
             "MATCH (c:Chunk) WHERE c.doc_id IN $ids AND NOT EXISTS { MATCH (c)-[:PART_OF]->(:Source) } "
             "RETURN count(c) AS n", {"ids": ready}

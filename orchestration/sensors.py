@@ -6,20 +6,25 @@ run, a UI backfill, `lexgraph ingest`, a purge), since it compares state rather 
 """
 
 import json
+import time
 
 import dagster as dg
 from dagster._core.definitions.data_version import DATA_VERSION_TAG
-from dagster._core.storage.tags import RUN_KEY_TAG
 
 from assets.documents import inbox as inbox_asset
 from lexgraph.build.corpus_index import catalog_digest
+from lexgraph.ids import short_hash
 from lexgraph.inbox import FileState, ReconcilePlan, scan_folder, states_from_json, states_to_json
 from orchestration.jobs import build_corpus_index, ingest_documents, purge_documents
 from orchestration.partitions import documents
+from orchestration.runner import drop_damaged_documents
 from orchestration.reconcile import ReconcileRequests, partition_requests, reconcile
 from resources import IndexResource, InboxResource, LanceDBResource
 
 REMOVED = "removed"
+CORPUS_STATE_TAG = "lexgraph/corpus_state"
+# A failed corpus update is retried, but not on every 30 s tick.
+RETRY_FAILED_CORPUS_SECONDS = 300
 NAMES_IN_LOG = 10
 ACTIVE_RUN_STATUSES = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
                        dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
@@ -122,11 +127,14 @@ def nightly_ingest(context: dg.ScheduleEvaluationContext, inbox: InboxResource, 
 @dg.sensor(
     job=build_corpus_index, minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING,
     description="Every tick, compares the catalog digest each corpus asset was built from with the current "
-    "catalog; when any is out of step and no corpus run is queued or running, requests build_corpus_index "
-    "(run key: the catalog digest). Follows sensor runs, UI backfills, `lexgraph ingest` and purges alike.",
+    "catalog; when any is out of step and no corpus run is queued or running, requests build_corpus_index. "
+    "Follows sensor runs, UI backfills, `lexgraph ingest` and purges alike; a failed update is retried every "
+    "5 minutes, after documents with damaged extract files are sent back for re-ingestion.",
 )
-def corpus_index_sensor(context: dg.SensorEvaluationContext, index: IndexResource, lancedb: LanceDBResource):
-    indexed = lancedb.get().indexed_hashes()
+def corpus_index_sensor(context: dg.SensorEvaluationContext, index: IndexResource, lancedb: LanceDBResource,
+                        inbox: InboxResource):
+    vectors = lancedb.get()
+    indexed = vectors.indexed_hashes()
     files = index.corpus_files()
     stale = files.stale_steps(indexed)
     if not stale:
@@ -139,11 +147,24 @@ def corpus_index_sensor(context: dg.SensorEvaluationContext, index: IndexResourc
         return dg.SkipReason(f"corpus index out of step ({', '.join(stale)}); waiting for corpus run "
                              f"{active[0].run_id} to finish")
     digest = catalog_digest(indexed)
-    earlier = context.instance.get_runs(dg.RunsFilter(job_name=build_corpus_index.name, tags={RUN_KEY_TAG: digest}),
-                                        limit=1)
-    if earlier and earlier[0].status == dg.DagsterRunStatus.FAILURE:
-        return dg.SkipReason(f"the corpus run for this catalog failed (run {earlier[0].run_id}); it is requested "
-                             "again when the catalog changes, or re-run it from the UI")
-    context.log.info(f"corpus index out of step with the catalog of {len(indexed)} document(s): {', '.join(stale)}")
-    return dg.RunRequest(run_key=digest, job_name=build_corpus_index.name, tags={"lexgraph/catalog_digest": digest,
-                                                                                 "lexgraph/stale_steps": ",".join(stale)})
+    # the same catalog and corpus state give the same key, so one state is requested once, unless it failed
+    state = f"{digest[:16]}-{short_hash(json.dumps(files.built_digests(), sort_keys=True), 8)}"
+    failed = context.instance.get_runs(dg.RunsFilter(job_name=build_corpus_index.name, statuses=[
+        dg.DagsterRunStatus.FAILURE], tags={CORPUS_STATE_TAG: state}))
+    if failed:
+        last = context.instance.get_run_record_by_id(failed[0].run_id)
+        wait = RETRY_FAILED_CORPUS_SECONDS - (time.time() - (last.end_time or last.create_timestamp.timestamp()))
+        if wait > 0:
+            return dg.SkipReason(f"the corpus run for this catalog failed (run {failed[0].run_id}); "
+                                 f"retrying in {wait:.0f}s")
+        # a damaged extract file fails every retry: send its document back to the inbox sensor first
+        repaired, _ = drop_damaged_documents(index.extract_store(), vectors, scan_folder(inbox.root()))
+        if repaired:
+            context.log.warning(f"damaged extract files, documents sent back for re-ingestion: {repaired}")
+            return dg.SkipReason(f"{len(repaired)} document(s) with damaged extract files go back for "
+                                 "re-ingestion; the corpus index follows")
+    context.log.info(f"corpus index out of step with the catalog of {len(indexed)} document(s): {', '.join(stale)}"
+                     + (f"; attempt {len(failed) + 1}" if failed else ""))
+    return dg.RunRequest(run_key=f"{state}-{len(failed)}", job_name=build_corpus_index.name,
+                         tags={CORPUS_STATE_TAG: state, "lexgraph/catalog_digest": digest,
+                               "lexgraph/stale_steps": ",".join(stale)})

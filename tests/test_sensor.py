@@ -159,7 +159,8 @@ def test_corpus_sensor_follows_every_change_of_the_catalog(tiny_corpus, home, in
     ingest_folder(tiny_corpus, instance, home=str(home), progress=False, corpus=False)  # e.g. a UI backfill
     vectors, _ = stores(home)
     [request] = _corpus_tick(defs, instance).run_requests
-    assert request.job_name == "build_corpus_index" and request.run_key == catalog_digest(vectors.indexed_hashes())
+    assert request.job_name == "build_corpus_index"
+    assert request.tags["lexgraph/catalog_digest"] == catalog_digest(vectors.indexed_hashes())
 
     # A corpus run already in progress: no second one.
     running = instance.create_run_for_job(defs.resolve_job_def("build_corpus_index"),
@@ -169,14 +170,15 @@ def test_corpus_sensor_follows_every_change_of_the_catalog(tiny_corpus, home, in
 
     _run_corpus(defs, instance, request)
     files = CorpusFiles(settings.index_dir)
-    assert files.built_digests() == dict.fromkeys(files.stale_steps({}), request.run_key)
+    assert files.built_digests() == dict.fromkeys(files.stale_steps({}), request.tags["lexgraph/catalog_digest"])
     assert _corpus_tick(defs, instance).skip_message.startswith("corpus index is current")
 
     # A purge changes the catalog: the corpus follows.
     (tiny_corpus / "gamma.md").unlink()
     ingest_folder(tiny_corpus, instance, home=str(home), prune=True, progress=False, corpus=False)
     [after_purge] = _corpus_tick(defs, instance).run_requests
-    assert after_purge.run_key == catalog_digest(vectors.indexed_hashes()) != request.run_key
+    assert after_purge.tags["lexgraph/catalog_digest"] == catalog_digest(vectors.indexed_hashes())
+    assert after_purge.run_key != request.run_key
     _run_corpus(defs, instance, after_purge)
     assert _corpus_tick(defs, instance).skip_message.startswith("corpus index is current")
 
@@ -185,7 +187,7 @@ def test_corpus_sensor_follows_every_change_of_the_catalog(tiny_corpus, home, in
         path.unlink()
     ingest_folder(tiny_corpus, instance, home=str(home), prune=True, progress=False, corpus=False)
     [emptied] = _corpus_tick(defs, instance).run_requests
-    assert emptied.run_key == catalog_digest({})
+    assert emptied.tags["lexgraph/catalog_digest"] == catalog_digest({})
     _run_corpus(defs, instance, emptied)
     assert files.stale_steps({}) == []
     assert graph_counts(home, ("Chunk", "SIMILAR", "Keyword", "KEYWORD_IN")) == dict.fromkeys(
@@ -194,11 +196,47 @@ def test_corpus_sensor_follows_every_change_of_the_catalog(tiny_corpus, home, in
     assert _corpus_tick(defs, instance).skip_message.startswith("corpus index is current")
 
 
-def test_corpus_sensor_does_not_repeat_a_failed_run(tiny_corpus, home, instance):
+def test_corpus_sensor_retries_a_failed_run_later_and_repairs_damaged_extracts(tiny_corpus, home, instance,
+                                                                               monkeypatch):
+    from orchestration import sensors
+
     defs = build_definitions(Settings.from_env(home=home, inbox=tiny_corpus))
     ingest_folder(tiny_corpus, instance, home=str(home), progress=False, corpus=False)
     [request] = _corpus_tick(defs, instance).run_requests
     failed = instance.create_run_for_job(defs.resolve_job_def("build_corpus_index"),
-                                         status=dg.DagsterRunStatus.FAILURE, tags={"dagster/run_key": request.run_key})
+                                         status=dg.DagsterRunStatus.FAILURE, tags=request.tags)
     message = _corpus_tick(defs, instance).skip_message
-    assert "failed" in message and failed.run_id in message
+    assert "failed" in message and failed.run_id in message and "retrying in" in message
+
+    # Past the wait it is retried, under a new run key (the daemon would drop a repeated one).
+    monkeypatch.setattr(sensors, "RETRY_FAILED_CORPUS_SECONDS", 0)
+    [retry] = _corpus_tick(defs, instance).run_requests
+    assert retry.run_key != request.run_key and retry.tags["lexgraph/corpus_state"] == request.tags["lexgraph/corpus_state"]
+
+    # A damaged extract file fails every retry: its document goes back to the inbox sensor instead.
+    vectors, settings = stores(home)
+    damaged = next(iter(sorted(vectors.indexed_hashes())))
+    path = settings.extract_dir / "keywords" / f"{damaged}.parquet"
+    path.write_bytes(path.read_bytes()[:40])
+    message = _corpus_tick(defs, instance).skip_message
+    assert "damaged extract files" in message and damaged not in vectors.indexed_hashes()
+    inbox_tick = _evaluate(defs, instance)
+    assert any(damaged in (r.tags.get("dagster/asset_partition_range_start"), r.tags.get("dagster/asset_partition_range_end"))
+               for r in inbox_tick.run_requests)
+
+
+def test_reloading_an_unchanged_document_makes_the_corpus_index_run_again(tiny_corpus, home, instance):
+    """A forced re-run (UI backfill) of byte-identical files deletes their chunks' SIMILAR edges with the
+    chunks; the catalog digest is unchanged, but the corpus must still be rebuilt."""
+    defs = build_definitions(Settings.from_env(home=home, inbox=tiny_corpus))
+    ingest_folder(tiny_corpus, instance, home=str(home), progress=False)
+    before = graph_counts(home, ("SIMILAR", "KEYWORD_IN"))
+    assert before["SIMILAR"] > 0 and _corpus_tick(defs, instance).skip_message.startswith("corpus index is current")
+    keys = instance.get_dynamic_partitions("documents")
+    defs.resolve_job_def("ingest_documents").execute_in_process(
+        instance=instance, tags={"dagster/asset_partition_range_start": keys[0],
+                                 "dagster/asset_partition_range_end": keys[-1]})
+    assert graph_counts(home, ("SIMILAR",))["SIMILAR"] < before["SIMILAR"]
+    [request] = _corpus_tick(defs, instance).run_requests
+    _run_corpus(defs, instance, request)
+    assert graph_counts(home, ("SIMILAR", "KEYWORD_IN")) == before

@@ -67,6 +67,11 @@ class CorpusFiles:
         partial.write_text(json.dumps(built, indent=1, sort_keys=True))
         partial.replace(self.built_from)
 
+    def forget_built(self) -> None:
+        """Reloading a document deletes its chunks' SIMILAR and KEYWORD_IN edges, even when its content (so
+        the catalog digest) is unchanged: the corpus steps must then run again."""
+        self.built_from.unlink(missing_ok=True)
+
     def built_digests(self) -> dict[str, str]:
         try:
             return json.loads(self.built_from.read_text())
