@@ -1,0 +1,1 @@
+"""Per-document stages and the corpus-wide KET-RAG build: KNN graph, PageRank, skeleton, keyword index."""
