@@ -47,6 +47,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
           + (" and a corpus index update" if report.corpus_run else ""))
     for problem in sorted(report.failed.values()):
         print(f"  failed: {problem}")
+    for problem in sorted(getattr(report, "repaired", {}).values()):
+        print(f"  re-ingested (damaged extract file): {problem}")
+    for run_id in getattr(report, "abandoned_runs", []):
+        print(f"  marked failed: run {run_id}, whose process was killed before it finished")
     if report.corpus_index_ok is False:
         print("error: the corpus-wide index update (KNN graph, PageRank, skeleton, keywords) failed: "
               f"{report.corpus_error or 'see the Dagster run log'}\n"

@@ -23,7 +23,7 @@ from lexgraph.build.corpus_index import CorpusFiles
 from lexgraph.inbox import FileState, scan_folder
 from lexgraph.settings import Settings
 from lexgraph.storage.extract_store import ExtractStore, verify_extracts
-from lexgraph.storage.vector_store import SOURCES, VectorStore
+from lexgraph.storage.vector_store import VectorStore
 from orchestration.partitions import documents
 from orchestration.reconcile import RANGE_END, RANGE_START, reconcile
 
@@ -133,8 +133,7 @@ def drop_damaged_documents(store: ExtractStore, vectors: VectorStore,
     if repaired:
         for doc_id in repaired:
             store.remove_corrupt(doc_id)
-        table = vectors.db.open_table(SOURCES)
-        table.delete("doc_id IN (" + ", ".join("'" + d.replace("'", "''") + "'" for d in repaired) + ")")
+        vectors.forget_sources(list(repaired))
     return repaired, damaged
 
 

@@ -241,3 +241,17 @@ def test_sensor_logs_each_new_problem_once(odd_folder, home, instance, capsys):
     _, warnings, err = tick(first.cursor)
     assert warnings == []  # known now: summarised, not repeated
     assert f"{len(ODD)} file(s) with a known problem, unchanged, not retried" in err
+
+
+def test_a_file_in_a_linked_folder_keeps_its_inbox_path(tmp_path, home, instance):
+    from orchestration.runner import ingest_folder
+
+    outside = write(tmp_path / "shared-drive" / "policy.md", "# Policy\n\nLinked folders are indexed in place.\n")
+    inbox = tmp_path / "inbox"
+    write(inbox / "local.md", "# Local\n\nA file of the inbox itself.\n")
+    os.symlink(outside.parent, inbox / "drive")
+    report = ingest_folder(inbox, instance, home=home, progress=False)
+    assert report.failed == {}
+    vectors, _ = stores(home)
+    catalog = dict(zip(vectors.sources()["doc_id"].to_list(), vectors.sources()["relative_path"].to_list()))
+    assert catalog[document_id("drive/policy.md")] == "drive/policy.md"

@@ -14,16 +14,16 @@ import polars as pl
 
 from lexgraph import progress as report
 from lexgraph.extract.chunking import TokenCounter, chunk_text
-from lexgraph.faults import CATALOG, EMBEDDING, crash_point
 from lexgraph.extract.embedder import Embedder
-from lexgraph.storage.extract_store import ExtractStore
-from lexgraph.inbox import record_read_results
-from lexgraph.ids import chunk_id
 from lexgraph.extract.keywords import KeywordExtraction, extract_keywords, keyword_stats
-from lexgraph.storage.graph_store import GraphStore
-from lexgraph.settings import Settings
 from lexgraph.extract.readers import PLAIN_TEXT_FORMATS, DocumentError, SourceDocument, read_document
 from lexgraph.extract.source_texts import page_of, save_source_text
+from lexgraph.faults import CATALOG, EMBEDDING, crash_point
+from lexgraph.ids import chunk_id
+from lexgraph.inbox import record_read_results
+from lexgraph.settings import Settings
+from lexgraph.storage.extract_store import ExtractStore
+from lexgraph.storage.graph_store import GraphStore
 from lexgraph.storage.vector_store import VectorStore
 
 SOURCES, CHUNKS, VECTORS = "sources", "chunks", "vectors"
@@ -60,7 +60,9 @@ def save_source(document: SourceDocument, store: ExtractStore, version: str) -> 
 def load_sources(paths: dict[str, Path | None], root: Path, store: ExtractStore, version: str) -> StageResult:
     """Read and validate each file (doc_id -> path, None when it is gone); bad files are reported."""
     result = StageResult()
+    report.start("reading", len(paths), "documents")
     for doc_id, path in paths.items():
+        report.advance("reading")
         if path is None:
             result.failed[doc_id] = f"{root}/{doc_id}: file no longer exists in the inbox (removed after it was scheduled)"
             continue

@@ -5,6 +5,7 @@ reads, plus where each page starts for formats that have pages (PDF pages, PPTX 
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -129,8 +130,10 @@ def read_document(path: str | Path, root: str | Path | None = None) -> SourceDoc
     """Read, validate and normalise one file. Raises DocumentError naming the file on bad input."""
     path = Path(path)
     root = Path(root) if root is not None else path.parent
+    # the path as found under root, links not resolved: a file reached through a linked folder keeps its
+    # place in the inbox (and so its partition key)
     try:
-        relative = path.resolve().relative_to(Path(root).resolve()).as_posix()
+        relative = Path(os.path.abspath(path)).relative_to(os.path.abspath(root)).as_posix()
     except ValueError:
         relative = path.name
     if path.suffix.lower() not in SUPPORTED_SUFFIXES:

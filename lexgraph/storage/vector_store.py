@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 
 # Lance logs a warning each time a table is first created; that is expected here, not news.
-os.environ.setdefault("LANCE_LOG", "error")
+os.environ.setdefault("LANCEDB_LOG", "error")  # the Rust logger of the lancedb package reads LANCEDB_LOG
 
 import lancedb  # noqa: E402
 import numpy as np
@@ -118,6 +118,12 @@ class VectorStore:
         table = self._table(SOURCES, SOURCE_SCHEMA)
         data = sources.select([f.name for f in SOURCE_SCHEMA]).to_arrow().cast(SOURCE_SCHEMA)
         table.merge_insert("doc_id").when_matched_update_all().when_not_matched_insert_all().execute(data)
+
+    def forget_sources(self, doc_ids: list[str]) -> None:
+        """Take documents out of the catalog only, so the next reconcile indexes them again."""
+        table = self._table(SOURCES)
+        if table is not None and doc_ids:
+            table.delete(_in_list("doc_id", doc_ids))
 
     def delete_documents(self, doc_ids: list[str]) -> None:
         if not doc_ids:
