@@ -61,4 +61,8 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
     )
 
 
-defs = build_definitions()
+@dg.definitions
+def defs() -> dg.Definitions:
+    """What `dagster dev` loads (workspace.yaml). Lazy, so importing this module reads no settings: the
+    CLI's --home and the tests' own Settings are never overridden by the environment's."""
+    return build_definitions()

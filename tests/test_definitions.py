@@ -2,7 +2,7 @@
 import dagster as dg
 
 from lexgraph.settings import Settings
-from orchestration.definitions import build_definitions, defs
+from orchestration.definitions import build_definitions
 
 PER_DOCUMENT = {"inbox", "source_document", "document_chunks", "chunk_vectors", "document_graph", "document_keywords"}
 CORPUS = {"chunk_knn_graph", "chunk_pagerank", "skeleton_selection", "keyword_index"}
@@ -23,7 +23,7 @@ KINDS = {
 
 
 def test_definitions_load_with_assets_checks_sensor_and_schedules():
-    repo = defs.get_repository_def()
+    repo = build_definitions().get_repository_def()
     keys = {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()}
     assert keys == PER_DOCUMENT | CORPUS | {"retrieval_benchmark"}
     checks = {c.name for c in repo.asset_graph.asset_check_keys}
@@ -72,3 +72,28 @@ def test_code_versions_come_from_the_settings_not_the_run(tmp_path):
     knn = _code_versions(settings.with_(knn_k=3))
     assert {name for name in versions if knn[name] != versions[name]} == {
         "chunk_knn_graph", "chunk_pagerank", "skeleton_selection", "retrieval_benchmark"}
+
+
+def test_workspace_loads_as_dagster_dev_loads_it():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    result = subprocess.run([str(Path(sys.executable).parent / "dagster"), "definitions", "validate", "-w",
+                             "workspace.yaml"], cwd=root, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Validation successful for code location orchestration.definitions:defs" in result.stdout + result.stderr
+
+
+def test_importing_the_definitions_reads_no_settings(monkeypatch, tmp_path):
+    """--home must win over a bad LEXGRAPH_HOME: the module builds nothing from the environment on import."""
+    import importlib
+
+    import orchestration.definitions as module
+
+    monkeypatch.setenv("LEXGRAPH_HOME", str(tmp_path / "a-file"))
+    (tmp_path / "a-file").write_text("not a folder")
+    importlib.reload(module)
+    defs = module.build_definitions(Settings.from_env(home=tmp_path / "index"))
+    assert defs.resources["index"].settings().home == tmp_path / "index"
