@@ -367,3 +367,21 @@ def test_folder_of_every_format_indexes_good_files_and_reports_bad_ones(tmp_path
     for row in chunks.iter_rows(named=True):
         assert source_span(store, row["content_hash"], row["char_start"], row["char_end"]) == row["text"]
     assert store.exists(CHUNKS, document_id("report.pdf"))
+
+
+def test_source_nodes_record_format_and_pages(tmp_path, home, instance):
+    """DESIGN §3: the Source node carries the format and, where the format has pages, how many."""
+    from lexgraph.storage.graph_store import GraphStore
+    from orchestration.runner import ingest_folder
+
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    (inbox / "deck.pptx").write_bytes(pptx_bytes())  # three slides
+    (inbox / "notes.md").write_text("# Notes\n\nPlain Markdown has no pages.\n")
+    assert ingest_folder(inbox, instance, home=home, progress=False).failed == {}
+    graph = GraphStore(Settings.from_env(home=home).graph_path)
+    try:
+        rows = graph.query("MATCH (s:Source) RETURN s.relative_path AS path, s.format AS format, s.pages AS pages")
+    finally:
+        graph.close()
+    assert sorted(rows.iter_rows()) == [("deck.pptx", "pptx", 3), ("notes.md", "markdown", None)]

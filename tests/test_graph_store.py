@@ -28,7 +28,7 @@ def test_lock_in_same_process_times_out(tmp_path):
 
 
 def test_replace_documents_is_idempotent(tmp_path):
-    sources = pl.DataFrame({"id": ["d1"], "uri": ["file:///d1"], "relative_path": ["d1.md"], "title": ["D1"],
+    sources = pl.DataFrame({"id": ["d1"], "uri": ["file:///d1"], "relative_path": ["d1.md"], "title": ["D1"], "format": ["markdown"],
                             "content_hash": ["h"], "version": ["v"], "size_bytes": [3],
                             "ingested_at": [datetime(2026, 1, 1, tzinfo=timezone.utc)]})
     chunks = pl.DataFrame({"chunk_id": ["d1-a", "d1-b"], "doc_id": ["d1", "d1"], "order": [0, 1],

@@ -12,7 +12,8 @@ import polars as pl
 
 SCHEMA = [
     """CREATE NODE TABLE IF NOT EXISTS Source(id STRING, uri STRING, relative_path STRING, title STRING,
-        content_hash STRING, version STRING, size_bytes INT64, ingested_at TIMESTAMP, PRIMARY KEY(id))""",
+        format STRING, pages INT32, content_hash STRING, version STRING, size_bytes INT64, ingested_at TIMESTAMP,
+        PRIMARY KEY(id))""",
     """CREATE NODE TABLE IF NOT EXISTS Chunk(id STRING, doc_id STRING, ord INT32, text STRING,
         char_start INT64, char_end INT64, page_start INT32, page_end INT32, heading_path STRING, token_count INT32,
         pagerank DOUBLE DEFAULT 0.0, in_skeleton BOOLEAN DEFAULT false, PRIMARY KEY(id))""",
@@ -98,8 +99,12 @@ class GraphStore:
     def replace_documents(self, sources: pl.DataFrame, chunks: pl.DataFrame) -> None:
         """Idempotent load: delete what these documents had, then bulk-copy the new nodes and edges."""
         self.delete_documents(sources["id"].to_list())
+        # pages: PDF pages or PPTX slides; null for formats without pages
+        pages = (pl.col("page_starts").list.len().cast(pl.Int32) if "page_starts" in sources.columns
+                 else pl.lit(None, pl.Int32))
         source_rows = sources.select(
-            "id", "uri", "relative_path", "title", "content_hash", "version", "size_bytes", "ingested_at"
+            "id", "uri", "relative_path", "title", "format", pl.when(pages > 0).then(pages).alias("pages"),
+            "content_hash", "version", "size_bytes", "ingested_at",
         )
         chunk_rows = chunks.select(
             pl.col("chunk_id").alias("id"), "doc_id", pl.col("order").cast(pl.Int32).alias("ord"), "text",
