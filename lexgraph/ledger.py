@@ -1,0 +1,170 @@
+"""The one cost ledger: a row for every model call, LLM or embedding, cache hits included.
+
+Stored as a folder of Parquet part files written with polars, one per ``record()`` batch:
+``<folder>/part-<UTC time>-<pid>-<random>.parquet``. A part is written to a hidden temporary
+name and renamed into place, so a reader sees whole parts or none, concurrent writers (threads or
+processes) never touch the same file, and a writer killed mid-batch leaves at most a hidden
+temporary file that readers ignore. A part damaged some other way (a truncated copy, a full disk)
+is skipped by ``read()`` with a warning that names it; every other part still counts.
+
+Every cost figure (asset metadata, ``lexgraph cost``, the bench) is read from here, never recounted.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import os
+import uuid
+import warnings
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import polars as pl
+
+SCHEMA: dict[str, pl.DataType] = {
+    "run_id": pl.String(),
+    "stage": pl.String(),
+    "doc_id": pl.String(),
+    "chunk_id": pl.String(),
+    "model": pl.String(),
+    "prompt_tokens": pl.Int64(),
+    "completion_tokens": pl.Int64(),
+    "seconds": pl.Float64(),
+    "cache_hit": pl.Boolean(),
+    "outcome": pl.String(),
+    "attempts": pl.Int64(),  # HTTP requests behind this row (retries included); 0 for a cache hit
+    "at": pl.Datetime("us", "UTC"),
+}
+REQUIRED = ("run_id", "stage", "model")
+DEFAULTS = {"doc_id": None, "chunk_id": None, "prompt_tokens": 0, "completion_tokens": 0, "seconds": 0.0,
+            "cache_hit": False, "outcome": "ok"}
+PART_GLOB = "part-*.parquet"
+
+
+class LedgerWarning(UserWarning):
+    """A ledger part that cannot be read; it is skipped and named."""
+
+
+class LedgerError(ValueError):
+    """A row that cannot be recorded (a required column missing, an unknown column, a bad value)."""
+
+
+def _row(raw: Mapping, now: dt.datetime) -> dict:
+    unknown = set(raw) - set(SCHEMA)
+    if unknown:
+        raise LedgerError(f"unknown ledger column(s) {sorted(unknown)}; columns are {list(SCHEMA)}")
+    missing = [name for name in REQUIRED if not raw.get(name)]
+    if missing:
+        raise LedgerError(f"ledger row lacks {missing}: {dict(raw)!r}")
+    row = {**DEFAULTS, **raw}
+    row.setdefault("attempts", 0 if row["cache_hit"] else 1)
+    at = row.get("at") or now
+    if at.tzinfo is None:
+        raise LedgerError(f"ledger 'at' must be timezone-aware (UTC), got {at!r}")
+    row["at"] = at.astimezone(dt.timezone.utc)
+    for name in ("prompt_tokens", "completion_tokens", "attempts"):
+        row[name] = int(row[name] or 0)
+        if row[name] < 0:
+            raise LedgerError(f"ledger {name} must not be negative, got {row[name]}")
+    row["seconds"] = float(row["seconds"] or 0.0)
+    row["cache_hit"] = bool(row["cache_hit"])
+    return {name: row.get(name) for name in SCHEMA}
+
+
+def empty_frame() -> pl.DataFrame:
+    return pl.DataFrame(schema=SCHEMA)
+
+
+class CostLedger:
+    """Append-only cost ledger in ``folder`` (created on first write)."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+
+    def record(self, rows: Iterable[Mapping]) -> Path | None:
+        """Append a batch of rows as one new part file; returns its path (None for an empty batch).
+
+        Each row needs run_id, stage and model; doc_id, chunk_id, tokens, seconds, cache_hit, outcome,
+        attempts and at (UTC, default now) are optional.
+        """
+        now = dt.datetime.now(dt.timezone.utc)
+        checked = [_row(raw, now) for raw in rows]
+        if not checked:
+            return None
+        frame = pl.DataFrame(checked, schema=SCHEMA, orient="row")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        stamp = now.strftime("%Y%m%dT%H%M%S%fZ")
+        name = f"part-{stamp}-{os.getpid()}-{uuid.uuid4().hex[:8]}.parquet"
+        target = self.folder / name
+        partial = self.folder / f".{name}.tmp"
+        try:
+            frame.write_parquet(partial)
+            with open(partial, "rb") as handle:  # the rename must not overtake the data on a crash
+                os.fsync(handle.fileno())
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
+        return target
+
+    def parts(self) -> list[Path]:
+        return sorted(self.folder.glob(PART_GLOB)) if self.folder.is_dir() else []
+
+    def read(self) -> pl.DataFrame:
+        """Every row of every readable part; a damaged part is skipped with a LedgerWarning naming it."""
+        frames = []
+        for part in self.parts():
+            problem = _part_problem(part)
+            if problem is None:
+                try:
+                    frame = pl.read_parquet(part)
+                    frames.append(frame.select([pl.col(name).cast(dtype) if name in frame.columns
+                                                else pl.lit(None, dtype).alias(name)
+                                                for name, dtype in SCHEMA.items()]))
+                    continue
+                except (Exception, pl.exceptions.PanicException) as error:
+                    problem = f"unreadable Parquet ({type(error).__name__}: {error})"
+            warnings.warn(f"cost ledger: skipping damaged part {part}: {problem}", LedgerWarning, stacklevel=2)
+        if not frames:
+            return empty_frame()
+        return pl.concat(frames, how="vertical").sort("at", maintain_order=True)
+
+    def totals(self, by: Sequence[str] = ("stage", "model"), *, run_id: str | None = None,
+               frame: pl.DataFrame | None = None) -> pl.DataFrame:
+        """Per group: calls (rows), cache_hits, requests (HTTP attempts), prompt/completion tokens, seconds.
+
+        ``run_id`` restricts to one run; ``frame`` totals an already-read ledger instead of reading again.
+        """
+        by = [by] if isinstance(by, str) else list(by)
+        unknown = [name for name in by if name not in SCHEMA]
+        if unknown:
+            raise LedgerError(f"cannot total by {unknown}; columns are {list(SCHEMA)}")
+        data = self.read() if frame is None else frame
+        if run_id is not None:
+            data = data.filter(pl.col("run_id") == run_id)
+        aggregates = [
+            pl.len().cast(pl.Int64).alias("calls"),
+            pl.col("cache_hit").sum().cast(pl.Int64).alias("cache_hits"),
+            pl.col("attempts").sum().cast(pl.Int64).alias("requests"),
+            pl.col("prompt_tokens").sum().cast(pl.Int64).alias("prompt_tokens"),
+            pl.col("completion_tokens").sum().cast(pl.Int64).alias("completion_tokens"),
+            pl.col("seconds").sum().cast(pl.Float64).alias("seconds"),
+        ]
+        if not by:
+            return data.select(aggregates)
+        return data.group_by(by).agg(aggregates).sort(by)
+
+
+def _part_problem(path: Path) -> str | None:
+    """Cheap check of the Parquet magic at both ends; a truncated part fails it."""
+    try:
+        size = path.stat().st_size
+        if size < 12:
+            return f"truncated ({size} bytes)"
+        with open(path, "rb") as handle:
+            head = handle.read(4)
+            handle.seek(size - 4)
+            tail = handle.read(4)
+    except OSError as error:
+        return f"cannot read ({error})"
+    if head != b"PAR1" or tail != b"PAR1":
+        return "truncated or not Parquet (no PAR1 magic at both ends)"
+    return None
