@@ -1,0 +1,234 @@
+"""Entity and fact resolution: one graph across documents, every merge recorded with its reason."""
+from __future__ import annotations
+
+import random
+import re
+
+import polars as pl
+import pytest
+
+from lexgraph.build.resolution import (
+    ENTITY_SCHEMA,
+    FACT_SCHEMA,
+    MERGE_SCHEMA,
+    RELATION_SCHEMA,
+    entity_id,
+    fact_id,
+    merge_reasons,
+    normalise_entity_name,
+    resolve_entities,
+    resolve_facts,
+    resolve_relations,
+)
+from lexgraph.extract.heuristic import HeuristicExtractor
+from lexgraph.extract.schemas import ChunkInput
+
+_SAFE = re.compile(r"^[a-z0-9._-]+$")
+
+
+def _entity_rows(rows: list[tuple[str, str, str, str, str]]) -> pl.DataFrame:
+    return pl.DataFrame(rows, schema=["entity_name", "entity_type", "description", "chunk_id", "doc_id"], orient="row")
+
+
+ROWS = [
+    ("Kestrel Propulsion GmbH", "organization", "German engine maker.", "contract-c1", "contract"),
+    ("Kestrel Propulsion GmbH", "organization", "German engine maker.", "register-c1", "register"),
+    ("the Kestrel Propulsion", "organization", "Supplier of the engines.", "email-c1", "email"),
+    ("Kestrel Propulsion", "other", "Engine supplier.", "email-c2", "email"),
+    ("KESTREL  PROPULSION G.m.b.H.", "organization", "", "memo-c1", "memo"),
+    ("Kestrel Dawn", "vessel", "A survey vessel.", "email-c2", "email"),
+    ("Annika Vogt", "person", "CEO of Kestrel.", "register-c1", "register"),
+    ("Dr. Annika Vogt", "person", "CEO since 2021.", "profile-c1", "profile"),
+    ("Gdańsk", "location", "Port city.", "profile-c1", "profile"),
+    ("Gdansk", "location", "Port city.", "memo-c1", "memo"),
+]
+
+
+@pytest.mark.parametrize("name", [
+    "Kestrel Propulsion GmbH", "Kestrel Propulsion", "the Kestrel Propulsion", "THE KESTREL PROPULSION",
+    "Kestrel  Propulsion  G.m.b.H.", "Kestrel Propulsion, GmbH", "Kestrel Propulsion GmbH & Co. KG",
+    "A Kestrel Propulsion Ltd.", "kestrel propulsion AS", "Kestrel Propulsion's",
+])
+def test_names_normalise_to_one_key(name):
+    assert normalise_entity_name(name) == "kestrel propulsion"
+    assert entity_id(name) == entity_id("Kestrel Propulsion GmbH")
+
+
+def test_every_listed_legal_suffix_is_stripped():
+    for suffix in ("GmbH", "AG", "AS", "ASA", "Ltd", "Limited", "LLC", "Inc", "Inc.", "Corp", "Corporation", "plc",
+                   "SA", "S.A.", "BV", "B.V.", "NV", "N.V.", "Co", "Co.", "KG", "Oy", "AB", "SIA", "Pty Ltd"):
+        assert normalise_entity_name(f"Nordhav Mutual {suffix}") == "nordhav mutual", suffix
+
+
+def test_different_entities_stay_apart():
+    assert normalise_entity_name("Kestrel Dawn") != normalise_entity_name("Kestrel Propulsion")
+    assert entity_id("Kestrel Dawn") != entity_id("Kestrel Propulsion GmbH")
+    assert normalise_entity_name("Anna Berg") != normalise_entity_name("Anna Bergh")
+
+
+@pytest.mark.parametrize("name", ["The GmbH", "GmbH", "A", "the", "AS", "An Ltd", "The Co."])
+def test_names_that_are_only_articles_or_suffixes_keep_a_key(name):
+    key = normalise_entity_name(name)
+    assert key and _SAFE.match(entity_id(name).replace("ent-", ""))
+
+
+def test_names_without_letters_or_digits():
+    assert normalise_entity_name("!!!") == "" and normalise_entity_name("") == ""
+    assert entity_id("!!!") != entity_id("???")  # a fallback key, never an empty id
+    with pytest.raises(ValueError):
+        entity_id("   ")
+
+
+def test_ids_are_deterministic_and_filesystem_safe():
+    identifier = entity_id("Kestrel Propulsion GmbH")
+    assert identifier == entity_id("Kestrel Propulsion GmbH") and identifier.startswith("ent-")
+    assert _SAFE.match(identifier) and ":" not in identifier and "/" not in identifier
+    assert _SAFE.match(fact_id("a/b", "c:d", "e\\f"))
+
+
+def test_resolve_entities_merges_across_documents_with_reasons():
+    entities, merges = resolve_entities(_entity_rows(ROWS))
+    assert entities.schema == pl.Schema(ENTITY_SCHEMA) and merges.schema == pl.Schema(MERGE_SCHEMA)
+    assert entities.height == 4  # Kestrel Propulsion, Kestrel Dawn, Annika Vogt, Gdansk
+    kestrel = entities.filter(pl.col("name") == "Kestrel Propulsion GmbH").row(0, named=True)
+    assert kestrel["entity_id"] == entity_id("the Kestrel Propulsion")
+    assert kestrel["entity_type"] == "organization"  # the majority; "other" never outvotes a real type
+    assert kestrel["doc_ids"] == ["contract", "email", "memo", "register"] and kestrel["doc_count"] == 4
+    assert kestrel["chunk_ids"] == ["contract-c1", "email-c1", "email-c2", "memo-c1", "register-c1"]
+    assert kestrel["mention_count"] == 5
+    assert kestrel["description"].split("\n") == ["German engine maker.", "Engine supplier.", "Supplier of the engines."]
+    reasons = {row["surface_form"]: row["reason"] for row in merges.iter_rows(named=True)
+               if row["entity_id"] == kestrel["entity_id"]}
+    assert reasons == {
+        "the Kestrel Propulsion": "leading article; legal suffix GmbH",
+        "Kestrel Propulsion": "legal suffix GmbH",
+        "KESTREL  PROPULSION G.m.b.H.": "whitespace; case; punctuation",
+    }
+    dawn = entities.filter(pl.col("name") == "Kestrel Dawn").row(0, named=True)
+    assert dawn["entity_type"] == "vessel" and dawn["entity_id"] != kestrel["entity_id"]
+    gdansk = merges.filter(pl.col("entity_id") == entity_id("Gdansk"))  # a tie of equal length: the first in order
+    assert gdansk.select("canonical_name", "surface_form", "reason").rows() == [("Gdansk", "Gdańsk", "accents")]
+    vogt = entities.filter(pl.col("entity_id") == entity_id("Annika Vogt")).row(0, named=True)
+    assert vogt["doc_ids"] == ["profile", "register"] and vogt["name"] == "Dr. Annika Vogt"  # tie: the longer form
+    assert merges.filter(pl.col("surface_form") == "Annika Vogt")["reason"].to_list() == ["leading title Dr."]
+
+
+def test_resolution_is_order_independent():
+    frame = _entity_rows(ROWS)
+    expected = resolve_entities(frame)
+    for seed in range(5):
+        shuffled = frame.sample(fraction=1.0, shuffle=True, seed=seed)
+        entities, merges = resolve_entities(shuffled)
+        assert entities.equals(expected[0]) and merges.equals(expected[1])
+
+
+def test_bad_entity_rows_are_dropped_not_fatal():
+    frame = _entity_rows([("", "person", "", "c", "d"), ("!!!", "other", "", "c", "d"), ("The GmbH", "x", "", "c", "d"),
+                          ("   ", "person", "", "c", "d")])
+    frame = pl.concat([frame, pl.DataFrame({"entity_name": [None], "entity_type": [None], "description": [None],
+                                            "chunk_id": ["c"], "doc_id": ["d"]}, schema=frame.schema)])
+    entities, merges = resolve_entities(frame)
+    assert entities["name"].to_list() == ["The GmbH"] and entities["entity_type"].to_list() == ["x"]
+    assert all(entities["entity_id"].str.len_chars() > 4)
+    empty, no_merges = resolve_entities(frame.head(0))
+    assert empty.height == 0 and no_merges.height == 0 and empty.schema == pl.Schema(ENTITY_SCHEMA)
+    with pytest.raises(ValueError, match="doc_id"):
+        resolve_entities(frame.drop("doc_id"))
+
+
+def test_provenance_columns_are_carried():
+    frame = _entity_rows(ROWS[:3]).with_columns(
+        extractor=pl.Series(["openai", "heuristic", "heuristic"]), model=pl.Series(["gpt", "heuristic-v1", "heuristic-v1"]),
+        prompt_version=pl.Series(["p1", "h1", "h1"]))
+    entities, _ = resolve_entities(frame)
+    row = entities.row(0, named=True)
+    assert (row["extractors"], row["models"], row["prompt_versions"]) == (
+        ["heuristic", "openai"], ["gpt", "heuristic-v1"], ["h1", "p1"])
+
+
+def test_merge_reasons():
+    assert merge_reasons("Kestrel Propulsion GmbH", "Kestrel Propulsion GmbH") == []
+    assert merge_reasons("kestrel propulsion gmbh", "Kestrel Propulsion GmbH") == ["case"]
+    assert merge_reasons("Skagerrak Bunkering AS", "Skagerrak Bunkering ASA") == [
+        "legal suffix AS", "legal suffix ASA"]
+    assert merge_reasons("Smith GmbH & Co. KG", "Smith") == [
+        "legal suffix GmbH", "legal suffix Co.", "legal suffix KG"]
+    assert merge_reasons("MV Nordlys Spirit", "Nordlys Spirit") == ["leading title MV"]
+    assert merge_reasons("M/V Nordlys Spirit", "the Nordlys Spirit") == ["leading article", "leading title M/V"]
+
+
+FACTS = [
+    ("Kestrel Propulsion GmbH", "is a subsidiary of", "Ostwind Industrieholding AG", "s1", "profile-c1", "profile"),
+    ("the Kestrel Propulsion", "Is a  subsidiary of", "Ostwind Industrieholding", "s2", "register-c1", "register"),
+    ("Kestrel Propulsion", "is a subsidiary of", "Ostwind Industrieholding AG", "s2", "register-c1", "register"),
+    ("Kestrel Dawn", "is a subsidiary of", "Ostwind Industrieholding AG", "s3", "email-c1", "email"),
+    ("Kestrel Propulsion GmbH", "", "Ostwind", "s4", "email-c1", "email"),
+]
+
+
+def _fact_rows(rows) -> pl.DataFrame:
+    return pl.DataFrame(rows, schema=["subject", "predicate", "object", "statement_id", "chunk_id", "doc_id"],
+                        orient="row")
+
+
+def test_the_same_fact_from_two_documents_is_one_fact_supporting_both_statements():
+    assert fact_id("Kestrel Propulsion GmbH", "is a subsidiary of", "Ostwind Industrieholding AG") == fact_id(
+        "the Kestrel Propulsion", "IS A  SUBSIDIARY OF", "ostwind industrieholding")
+    assert fact_id("Kestrel Dawn", "is a subsidiary of", "Ostwind") != fact_id("Kestrel Propulsion", "is a subsidiary of",
+                                                                               "Ostwind")
+    assert fact_id("A", "owns", "B") != fact_id("B", "owns", "A")
+    facts = resolve_facts(_fact_rows(FACTS))
+    assert facts.schema == pl.Schema(FACT_SCHEMA) and facts.height == 2  # the fact without predicate is dropped
+    shared = facts.filter(pl.col("support_count") == 2).row(0, named=True)
+    assert shared["statement_ids"] == ["s1", "s2"] and shared["doc_ids"] == ["profile", "register"]
+    assert shared["fact_id"] == fact_id("Kestrel Propulsion GmbH", "is a subsidiary of", "Ostwind Industrieholding AG")
+    assert shared["subject_entity_id"] == entity_id("Kestrel Propulsion GmbH")
+    assert shared["object_entity_id"] == entity_id("Ostwind Industrieholding AG")
+    assert shared["object"] == "Ostwind Industrieholding AG" and shared["predicate"] == "is a subsidiary of"
+    with pytest.raises(ValueError):
+        fact_id("", "owns", "B")
+
+
+def test_fact_resolution_is_order_independent():
+    frame = _fact_rows(FACTS)
+    expected = resolve_facts(frame)
+    for seed in range(5):
+        assert resolve_facts(frame.sample(fraction=1.0, shuffle=True, seed=seed)).equals(expected)
+    assert resolve_facts(frame.head(0)).height == 0
+
+
+def test_relations_fold_onto_resolved_entities():
+    frame = pl.DataFrame(
+        [("Kestrel Propulsion GmbH", "Annika Vogt", "co-occurs with", "Both named.", 0.5, "c1", "d1"),
+         ("Annika Vogt", "the Kestrel Propulsion", "co-occurs with", "Both again.", 0.5, "c2", "d2"),
+         ("Annika Vogt", "Kestrel Propulsion", "leads", "She leads it.", 0.9, "c3", "d3"),
+         ("Kestrel Propulsion GmbH", "the Kestrel Propulsion", "is", "Self.", 1.0, "c4", "d4")],
+        schema=["source", "target", "predicate", "description", "strength", "chunk_id", "doc_id"], orient="row")
+    relations = resolve_relations(frame)
+    assert relations.schema == pl.Schema(RELATION_SCHEMA)
+    kestrel, vogt = entity_id("Kestrel Propulsion GmbH"), entity_id("Annika Vogt")
+    pairs = {(row["source_entity_id"], row["target_entity_id"], row["predicate"]): row
+             for row in relations.iter_rows(named=True)}
+    assert (vogt, kestrel, "leads") in pairs and len(pairs) == 2  # the self-relation is gone
+    co = next(row for key, row in pairs.items() if key[2] == "co-occurs with")
+    assert co["weight"] == pytest.approx(1.0) and co["doc_ids"] == ["d1", "d2"] and co["support_count"] == 2
+    assert resolve_relations(frame.reverse()).equals(relations)
+
+
+def test_heuristic_extractions_resolve_across_documents():
+    extractor = HeuristicExtractor()
+    texts = {"profile": "Kestrel Propulsion GmbH is a German manufacturer. Dr. Annika Vogt joined Kestrel in 2011.",
+             "email": "We met the Kestrel Propulsion team in Kiel. Annika Vogt was there.",
+             "vessel": "The MV Kestrel Dawn sailed from Bergen."}
+    rows = []
+    for doc, text in texts.items():
+        for entity in extractor.extract(ChunkInput(f"{doc}-c1", doc, text)).extraction.entities:
+            rows.append((entity.name, entity.type, entity.description, f"{doc}-c1", doc))
+    random.Random(0).shuffle(rows)
+    entities, merges = resolve_entities(_entity_rows(rows))
+    by_name = {row["name"]: row for row in entities.iter_rows(named=True)}
+    assert by_name["Kestrel Propulsion GmbH"]["doc_ids"] == ["email", "profile"]
+    assert by_name["Annika Vogt"]["doc_ids"] == ["email", "profile"]
+    assert by_name["Annika Vogt"]["entity_type"] == "person"
+    assert by_name["Kestrel Dawn"]["entity_type"] == "vessel"
+    assert "Kestrel Propulsion" in merges["surface_form"].to_list()
