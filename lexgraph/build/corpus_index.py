@@ -38,6 +38,10 @@ def knn_mode(requested: str, n_chunks: int) -> str:
 CORPUS_STEPS = ("chunk_knn_graph", "chunk_pagerank", "skeleton_selection", "keyword_index")
 
 
+# Prefix of a recorded digest whose documents were reloaded since (their corpus edges went with them).
+RELOADED = "reloaded:"
+
+
 def catalog_digest(indexed: dict[str, str]) -> str:
     """One hash of the indexed state (doc_id -> content hash of every document in the catalog)."""
     return content_hash("\n".join(f"{doc}={digest}" for doc, digest in sorted(indexed.items())))
@@ -62,6 +66,9 @@ class CorpusFiles:
         """Written last by each corpus step, so a crash before it leaves the step out of date."""
         built = self.built_digests()
         built[step] = digest
+        self._write_built(built)
+
+    def _write_built(self, built: dict[str, str]) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         partial = self.built_from.with_suffix(".tmp")
         partial.write_text(json.dumps(built, indent=1, sort_keys=True))
@@ -69,8 +76,11 @@ class CorpusFiles:
 
     def forget_built(self) -> None:
         """Reloading a document deletes its chunks' SIMILAR and KEYWORD_IN edges, even when its content (so
-        the catalog digest) is unchanged: the corpus steps must then run again."""
-        self.built_from.unlink(missing_ok=True)
+        the catalog digest) is unchanged: every step is marked out of step, while PageRank and the skeleton
+        can still inherit what the KNN graph was built from."""
+        built = self.built_digests()
+        if built:
+            self._write_built({step: d if d.startswith(RELOADED) else RELOADED + d for step, d in built.items()})
 
     def built_digests(self) -> dict[str, str]:
         try:
