@@ -272,7 +272,7 @@ def chunk_vectors(context: dg.AssetExecutionContext, index: IndexResource, embed
                   lancedb: LanceDBResource) -> dg.MaterializeResult:
     store, vectors, model = index.extract_store(), lancedb.get(), embedder.get()
     ready = with_output(context, store, pipeline.CHUNKS)
-    result = pipeline.embed_documents(ready, store, model, vectors)
+    result = pipeline.embed_documents(ready, store, model, vectors, ledger=index.ledger(), run_id=context.run.run_id)
     describe_partitions(context, result, pipeline.CHUNKS,
                         {d: {"model": model.model_name, "dimension": model.dimension} for d in result.done})
     stored = vectors.vector_dimension()

@@ -58,7 +58,8 @@ def document_keywords(context: dg.AssetExecutionContext, index: IndexResource,
                       embedder: EmbedderResource) -> dg.MaterializeResult:
     store = index.extract_store()
     ready = with_output(context, store, pipeline.CHUNKS)
-    result = pipeline.extract_document_keywords(ready, store, embedder.get())
+    result = pipeline.extract_document_keywords(ready, store, embedder.get(), ledger=index.ledger(),
+                                                run_id=context.run.run_id)
     describe_partitions(context, result, pipeline.CHUNKS)
     problems = _keyword_problems(store, ready)
     return dg.MaterializeResult(

@@ -73,20 +73,99 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         graph = GraphStore(settings.graph_path)
         counts = {t: graph.count(t) for t in ("Source", "Chunk", "PART_OF", "NEXT", "SIMILAR", "Keyword", "KEYWORD_IN")}
+        known = graph.tables()
+        lexical = {t: graph.count(t) if t in known else 0 for t in ("Statement", "Topic", "Fact", "Entity")}
         graph.close()
         print("  kuzu " + "  ".join(f"{t}: {n}" for t, n in counts.items()))
+        print("  lexical graph " + "  ".join(f"{t}: {n}" for t, n in lexical.items()))
     except RuntimeError as error:
         print(f"  kuzu: not readable now ({error}); a writer may hold it")
     skeleton = CorpusFiles(settings.index_dir).skeleton
     if skeleton.exists():
         selected = pl.read_parquet(skeleton)["selected"]
         print(f"  skeleton: {int(selected.sum())} of {selected.len()} chunks selected for extraction")
+    extractor = f"openai ({settings.llm_model} at {_endpoint(settings.llm_base_url)})" \
+        if settings.extractor == "openai" else "heuristic (no LLM endpoint configured)"
+    calls = _llm_calls(settings)
+    print(f"  extractor: {extractor}; LLM calls so far: {calls['calls']} ({calls['cache_hits']} cache hits, "
+          f"{calls['prompt_tokens']} prompt + {calls['completion_tokens']} completion tokens)")
     catalog = vectors.sources()
     if catalog.height:
         print(f"  {'document':<56} {'chunks':>6}  path")
         for row in catalog.sort("relative_path").iter_rows(named=True):
             print(f"  {row['doc_id']:<56} {row['chunk_count']:>6}  {row['relative_path']}")
     return 0
+
+
+def _endpoint(url: str) -> str:
+    """The endpoint without any user or password part."""
+    from urllib.parse import urlparse
+
+    parts = urlparse(url)
+    return f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}{parts.path}"
+
+
+def _llm_calls(settings: Settings) -> dict[str, int]:
+    """LLM extraction calls so far, from the cost ledger: calls that reached a model, and cache hits."""
+    from lexgraph.build.lexical import EXTRACTION_STAGE
+    from lexgraph.ledger import CostLedger
+
+    totals = CostLedger(settings.ledger_dir).totals(by=["stage"])
+    row = totals.filter(totals["stage"] == EXTRACTION_STAGE)
+    if not row.height:
+        return {"calls": 0, "cache_hits": 0, "prompt_tokens": 0, "completion_tokens": 0}
+    row = row.row(0, named=True)
+    return {"calls": row["calls"] - row["cache_hits"], "cache_hits": row["cache_hits"],
+            "prompt_tokens": row["prompt_tokens"], "completion_tokens": row["completion_tokens"]}
+
+
+def cmd_cost(args: argparse.Namespace) -> int:
+    """Cost-ledger totals by stage and model: every model call, embeddings and LLM, cache hits included."""
+    from lexgraph.ledger import CostLedger
+
+    settings = _settings(args)
+    ledger = CostLedger(settings.ledger_dir)
+    totals = ledger.totals(by=["stage", "model"])
+    print(f"cost ledger {settings.ledger_dir}")
+    if not totals.height:
+        print("  no model calls recorded yet")
+        return 0
+    header = f"  {'stage':<20} {'model':<28} {'calls':>7} {'cache hits':>10} {'requests':>8} " \
+             f"{'prompt tokens':>13} {'completion tokens':>17} {'seconds':>8}"
+    print(header)
+    for row in totals.iter_rows(named=True):
+        print(f"  {row['stage']:<20} {row['model']:<28} {row['calls']:>7} {row['cache_hits']:>10} {row['requests']:>8} "
+              f"{row['prompt_tokens']:>13} {row['completion_tokens']:>17} {row['seconds']:>8.1f}")
+    total = ledger.totals(by=[])
+    if total.height:
+        row = total.row(0, named=True)
+        print(f"  {'total':<20} {'':<28} {row['calls']:>7} {row['cache_hits']:>10} {row['requests']:>8} "
+              f"{row['prompt_tokens']:>13} {row['completion_tokens']:>17} {row['seconds']:>8.1f}")
+    return 0
+
+
+def cmd_reextract(args: argparse.Namespace) -> int:
+    if args.reextract is None:
+        print("error: re-extraction runs through Dagster; use the `lexgraph` console script (orchestration.cli)",
+              file=sys.stderr)
+        return 2
+    settings = _settings(args)
+    report = args.reextract(settings, progress=not args.quiet)
+    if not report.documents:
+        print("reextract: every document's extractions match the current extractors; nothing to do")
+    else:
+        print(f"reextracted {len(report.documents)} document(s) in {len(report.runs)} Dagster run(s): "
+              f"{report.llm_calls} LLM call(s), {report.cache_hits} cache hit(s)")
+        for doc_id, reason in sorted(report.documents.items())[:20]:
+            print(f"  {doc_id}: {reason}")
+        if len(report.documents) > 20:
+            print(f"  ... and {len(report.documents) - 20} more")
+    for problem in sorted(report.failed.values()):
+        print(f"  failed: {problem}")
+    if report.lexical_ok is False:
+        print("error: the lexical graph rebuild failed; see the Dagster run log", file=sys.stderr)
+        return 1
+    return 1 if report.failed else 0
 
 
 def cmd_search(args: argparse.Namespace) -> int:
@@ -129,8 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--quiet", action="store_true", help="no progress bar")
     ingest.add_argument("--strict", action="store_true", help="exit 1 when any document failed")
     ingest.set_defaults(func=cmd_ingest)
-    status = sub.add_parser("status", help="counts per table and per document")
+    status = sub.add_parser("status", help="counts per table and per document, and the LLM calls so far")
     status.set_defaults(func=cmd_status)
+    cost = sub.add_parser("cost", help="cost-ledger totals by stage and model (LLM and embedding calls)")
+    cost.set_defaults(func=cmd_cost)
+    reextract = sub.add_parser("reextract", help="re-run extraction for every document whose extractions no longer "
+                               "match the extractors (after a prompt, model or entity-type change), via Dagster")
+    reextract.add_argument("--quiet", action="store_true", help="no progress bar")
+    reextract.set_defaults(func=cmd_reextract)
     search = sub.add_parser("search", help="search the indexed chunks")
     search.add_argument("text")
     search.add_argument("-k", type=_positive_int, default=5, help="number of hits (at least 1)")
@@ -151,11 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None, ingest=None, indexer=None) -> int:
+def main(argv: list[str] | None = None, ingest=None, indexer=None, reextract=None) -> int:
     """ingest: runs an ingestion (path, settings, prune=, progress=) -> report; indexer: the bench's
-    corpus indexer. Both drive Dagster, so orchestration.cli hands them in; the engine never imports it."""
+    corpus indexer; reextract: the re-extraction backfill (settings, progress=) -> report. All drive Dagster,
+    so orchestration.cli hands them in; the engine never imports it."""
     args = build_parser().parse_args(argv)
-    args.ingest, args.indexer = ingest, indexer
+    args.ingest, args.indexer, args.reextract = ingest, indexer, reextract
     try:
         return args.func(args)
     except SettingsError as error:

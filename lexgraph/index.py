@@ -33,6 +33,31 @@ class LexIndex:
     def corpus_files(self) -> CorpusFiles:
         return CorpusFiles(self.settings.index_dir)
 
+    @cached_property
+    def ledger(self):
+        """The cost ledger: a row per model call (embedding and LLM), kept with the index."""
+        from lexgraph.ledger import CostLedger
+
+        return CostLedger(self.settings.ledger_dir)
+
+    @cached_property
+    def extraction_cache(self):
+        """LLM extractions by (chunk content hash, model, prompt version), kept with the index."""
+        from lexgraph.extract.extraction_cache import ExtractionCache
+
+        return ExtractionCache(self.settings.extraction_cache_dir)
+
+    def llm_extractor(self):
+        """The `openai` extractor when an endpoint is configured, else None (heuristic extraction only)."""
+        from lexgraph.build.lexical import llm_extractor
+
+        return llm_extractor(self.settings)
+
+    def heuristic_extractor(self):
+        from lexgraph.build.lexical import heuristic_extractor
+
+        return heuristic_extractor(self.settings)
+
     def embedder(self):
         from lexgraph.extract.embedder import Embedder
 

@@ -3,13 +3,15 @@ the CLI and the Dagster resources are built from it, so no two commands disagree
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Mapping
+from urllib.parse import urlparse
 
 from lexgraph.build.knn import DEFAULT_K as DEFAULT_KNN_K
 from lexgraph.build.skeleton import DEFAULT_BETA
 from lexgraph.extract.embedder import DEFAULT_MODEL, model_input_limit
+from lexgraph.extract.schemas import DEFAULT_ENTITY_TYPES
 from lexgraph.ids import short_hash
 
 # Bump when chunking output changes for the same input, so a new index version is built.
@@ -18,6 +20,9 @@ DEFAULT_CHUNK_TOKENS = 200
 MIN_CHUNK_TOKENS = 16
 KNN_MODES = ("auto", "exact", "approx")
 MIN_KNN_K, MAX_KNN_K = 1, 200
+PII_MASKING = ("off", "on")
+# The chat model asked when an endpoint is configured without LEXGRAPH_LLM_MODEL.
+DEFAULT_LLM_MODEL = "gpt-4o-mini"
 
 
 class SettingsError(ValueError):
@@ -36,11 +41,22 @@ class Settings:
     knn_k: int = DEFAULT_KNN_K
     knn_mode: str = "auto"
     beta: float = DEFAULT_BETA
+    # The LLM extractor: an OpenAI-compatible endpoint; none means the heuristic extractor.
+    llm_base_url: str = ""
+    llm_model: str = DEFAULT_LLM_MODEL
+    # Never shown: not in repr, never in metadata, never in a Dagster resource's config.
+    llm_api_key: str = field(default="", repr=False)
+    pii_masking: str = "off"
+    entity_types: tuple[str, ...] = tuple(DEFAULT_ENTITY_TYPES)
 
     # environment variable of each field, as documented in the README
     ENV = {"home": "LEXGRAPH_HOME", "collection": "LEXGRAPH_COLLECTION", "embed_model": "LEXGRAPH_EMBED_MODEL",
            "chunk_tokens": "LEXGRAPH_CHUNK_TOKENS", "inbox": "LEXGRAPH_INBOX", "knn_k": "LEXGRAPH_KNN_K",
-           "knn_mode": "LEXGRAPH_KNN_MODE", "beta": "LEXGRAPH_BETA"}
+           "knn_mode": "LEXGRAPH_KNN_MODE", "beta": "LEXGRAPH_BETA", "llm_base_url": "LEXGRAPH_LLM_BASE_URL",
+           "llm_model": "LEXGRAPH_LLM_MODEL", "llm_api_key": "LEXGRAPH_LLM_API_KEY",
+           "pii_masking": "LEXGRAPH_PII_MASKING", "entity_types": "LEXGRAPH_ENTITY_TYPES"}
+    # read when the LEXGRAPH_ variable is unset or empty
+    FALLBACK_ENV = {"llm_base_url": "OPENAI_BASE_URL", "llm_api_key": "OPENAI_API_KEY"}
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> "Settings":
@@ -48,13 +64,19 @@ class Settings:
         environ = os.environ if environ is None else environ
         values: dict = {}
         for f in fields(cls):
-            raw = environ.get(cls.ENV[f.name], "").strip()
+            variable = cls.ENV[f.name]
+            raw = environ.get(variable, "").strip()
+            if not raw and f.name in cls.FALLBACK_ENV:
+                variable = cls.FALLBACK_ENV[f.name]
+                raw = environ.get(variable, "").strip()
             if raw:
-                values[f.name] = _parse(cls.ENV[f.name], raw, f.default, environ)
+                values[f.name] = _parse(variable, raw, f.default, environ)
         values.update({k: v for k, v in overrides.items() if v is not None})
         for key in ("home", "inbox"):
             if key in values:
                 values[key] = Path(values[key])
+        if isinstance(values.get("entity_types"), str):
+            values["entity_types"] = _parse("LEXGRAPH_ENTITY_TYPES", values["entity_types"], (), environ)
         settings = cls(**values)
         settings.validate()
         return settings
@@ -82,6 +104,22 @@ class Settings:
         if not 0.0 <= self.beta <= 1.0:  # also refuses nan
             raise SettingsError(f"LEXGRAPH_BETA must be a number from 0 to 1 (the share of chunks selected "
                                 f"for extraction), got {self.beta}")
+        if self.llm_base_url:
+            url = urlparse(self.llm_base_url)
+            if url.scheme not in ("http", "https") or not url.netloc:
+                raise SettingsError(f"LEXGRAPH_LLM_BASE_URL (or OPENAI_BASE_URL) must be an http(s) URL of an "
+                                    f"OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1, got "
+                                    f"{self.llm_base_url!r}")
+        if not self.llm_model.strip() or any(c.isspace() for c in self.llm_model):
+            raise SettingsError(f"LEXGRAPH_LLM_MODEL must be a model id without spaces, got {self.llm_model!r}")
+        if self.pii_masking not in PII_MASKING:
+            raise SettingsError(f"LEXGRAPH_PII_MASKING must be one of {', '.join(PII_MASKING)}, "
+                                f"got {self.pii_masking!r}")
+        if (not self.entity_types or any(not t.strip() or "," in t for t in self.entity_types)
+                or len(set(self.entity_types)) != len(self.entity_types)):
+            raise SettingsError("LEXGRAPH_ENTITY_TYPES must be a comma-separated list of distinct, non-empty "
+                                f"entity types, e.g. {','.join(DEFAULT_ENTITY_TYPES)}, got "
+                                f"{','.join(self.entity_types)!r}")
 
     @property
     def index_version(self) -> str:
@@ -103,11 +141,34 @@ class Settings:
     def graph_path(self) -> str:
         return str(self.index_dir / "graph.kuzu")
 
+    @property
+    def ledger_dir(self) -> Path:
+        """The cost ledger: one row per model call (embeddings and LLM), kept with the index."""
+        return self.index_dir / "ledger"
+
+    @property
+    def extraction_cache_dir(self) -> Path:
+        """LLM extractions by (chunk content hash, model, prompt version), kept with the index."""
+        return self.index_dir / "extraction_cache"
+
+    @property
+    def extractor(self) -> str:
+        """`openai` when an endpoint is configured, else the LLM-free `heuristic` extractor."""
+        return "openai" if self.llm_base_url else "heuristic"
+
+    @property
+    def pii_masking_enabled(self) -> bool:
+        return self.pii_masking == "on"
+
 
 # What each numeric variable accepts, for messages about values that are not numbers at all.
 _ALLOWED = {"LEXGRAPH_CHUNK_TOKENS": lambda env: f"from {MIN_CHUNK_TOKENS} to {_input_limit(_model(env), 254)}",
             "LEXGRAPH_KNN_K": lambda env: f"from {MIN_KNN_K} to {MAX_KNN_K}",
             "LEXGRAPH_BETA": lambda env: "from 0 to 1"}
+
+
+# What LEXGRAPH_PII_MASKING accepts besides on and off (as lexgraph.extract.pii reads it).
+_SWITCH = {"true": "on", "1": "on", "yes": "on", "false": "off", "0": "off", "no": "off"}
 
 
 def _model(environ: Mapping[str, str]) -> str:
@@ -137,6 +198,11 @@ def _check_folder(variable: str, path: Path) -> None:
 def _parse(variable: str, raw: str, default, environ: Mapping[str, str]):
     """Parse a variable to its field's type; a bad value names the variable and what it accepts."""
     kind = type(default)
+    if variable == "LEXGRAPH_PII_MASKING":
+        word = raw.lower()
+        return _SWITCH.get(word, word)
+    if variable == "LEXGRAPH_ENTITY_TYPES":
+        return tuple(part.strip().casefold() for part in raw.split(","))
     try:
         if kind is int:
             return int(raw)

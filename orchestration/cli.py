@@ -32,8 +32,15 @@ def index_bench_corpus(folder: Path, home: Path, progress: bool) -> "IngestRepor
         return ingest_with_default_instance(folder, settings=settings, prune=True, progress=progress)
 
 
+def reextract(settings: Settings, progress: bool = True):
+    """`lexgraph reextract`: the deliberate backfill after a prompt or model change, through Dagster."""
+    from orchestration.runner import reextract_with_default_instance
+
+    return reextract_with_default_instance(settings=settings, progress=progress)
+
+
 def main(argv: list[str] | None = None) -> int:
-    return cli.main(argv, ingest=ingest, indexer=index_bench_corpus)
+    return cli.main(argv, ingest=ingest, indexer=index_bench_corpus, reextract=reextract)
 
 
 if __name__ == "__main__":

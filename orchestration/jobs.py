@@ -5,23 +5,33 @@ import dagster as dg
 import polars as pl
 
 from assets.documents import document_assets, inbox
+from assets.lexical import document_lexical_assets, lexical_assets
 from assets.skeleton import corpus_assets, document_keywords
 from lexgraph.build import pipeline
 from orchestration.partitions import GRAPH_WRITER_POOL
 from resources import IndexResource, InboxResource, KuzuResource, LanceDBResource
 
 # Every asset with one partition per document: a purged document leaves an event in each one's history.
-PER_DOCUMENT_ASSETS = [inbox, *document_assets, document_keywords]
+PER_DOCUMENT_ASSETS = [inbox, *document_assets, document_keywords, *document_lexical_assets]
 
 ingest_documents = dg.define_asset_job(
     "ingest_documents", selection=dg.AssetSelection.assets(*PER_DOCUMENT_ASSETS),
     description="Ingest a range of document partitions in one run: observe the inbox files (sha256), then "
-    "source → chunks → vectors → graph, keywords.",
+    "source → chunks → vectors → graph, keywords, and chunk extractions → statements, topics, facts, entities.",
 )
 
 build_corpus_index = dg.define_asset_job(
-    "build_corpus_index", selection=dg.AssetSelection.assets(*corpus_assets),
-    description="Update the corpus-wide KET-RAG index: KNN graph → PageRank → skeleton, and the keyword index.",
+    "build_corpus_index", selection=dg.AssetSelection.assets(*corpus_assets, *lexical_assets),
+    description="Update the corpus-wide index: KNN graph → PageRank → skeleton, the keyword index, and the "
+    "lexical graph (Statement, Topic, Fact, Entity) loaded from every document's extractions.",
+)
+
+extract_documents = dg.define_asset_job(
+    "extract_documents", selection=dg.AssetSelection.assets(*document_lexical_assets),
+    description="Re-extract a range of document partitions (chunk extractions → statements, topics, facts, "
+    "entities) without re-reading or re-embedding them: after a skeleton selection change (only documents with "
+    "newly selected chunks, only those chunks call the LLM) or a prompt or model change (`lexgraph reextract`). "
+    "The lexical graph follows in the corpus job.",
 )
 
 
@@ -66,7 +76,8 @@ def purge_removed_documents(context: dg.OpExecutionContext, config: PurgeConfig,
         if doc_id in paths:
             metadata["source_path"] = paths[doc_id]
         for assets_def in PER_DOCUMENT_ASSETS:
-            context.log_event(dg.AssetObservation(asset_key=assets_def.key, partition=doc_id, metadata=metadata))
+            for key in assets_def.keys:  # a multi-asset (lexical_tables) has several
+                context.log_event(dg.AssetObservation(asset_key=key, partition=doc_id, metadata=metadata))
     context.log.info(f"purged {len(config.doc_ids)} document(s): {', '.join(config.doc_ids)}")
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import dagster as dg
+import polars as pl
 from tqdm import tqdm
 
 from lexgraph import progress as stage_progress
@@ -49,6 +50,22 @@ class IngestReport:
     corpus_error: str | None = None  # why the corpus index update failed, for the CLI to print
     repaired: dict[str, str] = field(default_factory=dict)  # doc_id -> damaged extract file; re-ingested, counted as changed
     abandoned_runs: list[str] = field(default_factory=list)  # runs of killed processes, now marked failed
+    reextracted: list[str] = field(default_factory=list)  # documents re-extracted after the skeleton selection changed
+    extraction_runs: list[str] = field(default_factory=list)  # their extract_documents runs
+    lexical_run: str | None = None  # the lexical graph rebuilt after re-extraction
+
+
+@dataclass
+class ReextractReport:
+    """What `lexgraph reextract` did: documents whose extractions no longer matched the extractors, re-run."""
+
+    documents: dict[str, str] = field(default_factory=dict)  # doc_id -> why it was re-extracted
+    runs: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    lexical_run: str | None = None
+    lexical_ok: bool | None = None
+    llm_calls: int = 0  # model calls these runs made (from the cost ledger)
+    cache_hits: int = 0
 
 
 def ingest_folder(folder: str | Path, instance: dg.DagsterInstance, home: str | Path | None = None,
@@ -116,7 +133,128 @@ def ingest_folder(folder: str | Path, instance: dg.DagsterInstance, home: str | 
             report.corpus_index_ok = result.success
             if not result.success:
                 report.corpus_error = run_error(result)
+        if corpus and report.corpus_index_ok is not False:
+            follow_selection(defs, instance, settings, report, reporter)
     return report
+
+
+def follow_selection(defs: dg.Definitions, instance: dg.DagsterInstance, settings: Settings, report: IngestReport,
+                     reporter) -> None:
+    """After the corpus update: re-extract the documents with newly selected skeleton chunks (only when an LLM
+    is configured; only those chunks call it), then rebuild the lexical graph if its inputs changed."""
+    from lexgraph.build.corpus_index import LEXICAL_GRAPH
+    from orchestration.reextraction import REASON_TAG, SELECTION_DIFF_TAG, mark_handled, selection_reextraction
+
+    vectors = defs.resources["lancedb"].get()
+    catalog = vectors.indexed_hashes()
+    files = CorpusFiles(settings.index_dir)
+    digest, doc_ids = selection_reextraction(settings, catalog)
+    ok = True
+    if doc_ids:
+        runs, failed, ok = run_extractions(defs, instance, doc_ids, {SELECTION_DIFF_TAG: digest,
+                                                                     REASON_TAG: "skeleton selection changed"}, reporter)
+        report.reextracted, report.extraction_runs = list(doc_ids), runs
+        report.failed.update({k: v for k, v in failed.items() if k not in report.failed})
+    if digest and ok:
+        mark_handled(files, digest)
+    if catalog and LEXICAL_GRAPH in files.stale_steps(catalog):
+        result = run_lexical_graph(defs, instance, reporter)
+        report.lexical_run = result.run_id
+        if not result.success:
+            report.corpus_index_ok = False
+            report.corpus_error = run_error(result)
+
+
+def _more_runs(reporter, n: int) -> None:
+    if isinstance(reporter, StageBar):
+        reporter.runs += n
+
+
+def run_extractions(defs: dg.Definitions, instance: dg.DagsterInstance, doc_ids, tags: dict[str, str],
+                    reporter=None) -> tuple[list[str], dict[str, str], bool]:
+    """extract_documents runs over contiguous ranges of the documents' partitions -> (run ids, failed documents,
+    all runs succeeded). Partitions missing from this instance (an ephemeral one) are added first."""
+    from orchestration.reextraction import extraction_requests
+
+    reporter = reporter or _NoBar()
+    keys = instance.get_dynamic_partitions(documents.name)
+    missing = [d for d in doc_ids if d not in keys]
+    if missing:
+        instance.add_dynamic_partitions(documents.name, missing)
+        keys = instance.get_dynamic_partitions(documents.name)
+    requests = extraction_requests(keys, doc_ids, "reextract", tags)
+    _more_runs(reporter, len(requests))
+    runs, failed, ok = [], {}, True
+    for request in requests:
+        reporter.next_run()
+        result = defs.resolve_job_def(request.job_name).execute_in_process(
+            instance=instance, tags={**request.tags, **process_tags()}, run_config=_quiet(), raise_on_error=False)
+        runs.append(result.run_id)
+        failed.update(_failures(result))
+        if not result.success:
+            ok = False
+            error = run_error(result)
+            for doc_id in _run_documents(request, instance):
+                failed.setdefault(doc_id, f"{doc_id}: not re-extracted, {error}")
+    return runs, failed, ok
+
+
+def run_lexical_graph(defs: dg.Definitions, instance: dg.DagsterInstance, reporter=None) -> dg.ExecuteInProcessResult:
+    """The corpus job's lexical_graph step alone (the other corpus steps are current)."""
+    reporter = reporter or _NoBar()
+    _more_runs(reporter, 1)
+    reporter.next_run()
+    return defs.resolve_job_def("build_corpus_index").execute_in_process(
+        instance=instance, tags=process_tags(), run_config=_quiet(), raise_on_error=False,
+        asset_selection=[dg.AssetKey("lexical_graph")])
+
+
+def reextract_index(instance: dg.DagsterInstance, settings: Settings,
+                    progress: bool | stage_progress.Reporter = True) -> ReextractReport:
+    """Re-run extraction for every indexed document whose extractions no longer match the current extractors
+    (a prompt, model, entity-type or rule change; failed LLM calls too), then rebuild the lexical graph: the
+    deliberate backfill after such a change. Unchanged chunks are cache hits; only changed keys call the LLM."""
+    from orchestration.definitions import build_definitions
+    from orchestration.reextraction import REASON_TAG, changed_extractions
+
+    defs = build_definitions(settings)
+    report = ReextractReport()
+    fail_abandoned_runs(instance)
+    vectors = defs.resources["lancedb"].get()
+    catalog = vectors.indexed_hashes()
+    report.documents = changed_extractions(settings, catalog)
+    with _reporter(progress, 0) as reporter, stage_progress.reporting(reporter):
+        if report.documents:
+            report.runs, report.failed, _ = run_extractions(defs, instance, sorted(report.documents),
+                                                            {REASON_TAG: "extractors changed"}, reporter)
+        files = CorpusFiles(settings.index_dir)
+        if catalog and (report.documents or files.stale_steps(catalog)):
+            stale = files.stale_steps(catalog)
+            if stale and stale != ["lexical_graph"]:  # the corpus index itself is behind: bring all of it up to date
+                _more_runs(reporter, 1)
+                reporter.next_run()
+                result = defs.resolve_job_def("build_corpus_index").execute_in_process(
+                    instance=instance, tags=process_tags(), run_config=_quiet(), raise_on_error=False)
+            else:
+                result = run_lexical_graph(defs, instance, reporter)
+            report.lexical_run, report.lexical_ok = result.run_id, result.success
+    from lexgraph.ledger import CostLedger
+
+    ledger = CostLedger(settings.ledger_dir).read()
+    mine = ledger.filter(pl.col("run_id").is_in(report.runs) & (pl.col("stage") == "extraction"))
+    report.cache_hits = int(mine["cache_hit"].sum())
+    report.llm_calls = mine.height - report.cache_hits
+    return report
+
+
+def reextract_with_default_instance(**options) -> ReextractReport:
+    """As ingest_with_default_instance: $DAGSTER_HOME's instance when set (runs show in `make dev`)."""
+    home = os.environ.get("DAGSTER_HOME")
+    if home:
+        Path(home).mkdir(parents=True, exist_ok=True)
+    instance = dg.DagsterInstance.get() if home else dg.DagsterInstance.ephemeral()
+    with instance:
+        return reextract_index(instance, **options)
 
 
 def drop_damaged_documents(store: ExtractStore, vectors: VectorStore,

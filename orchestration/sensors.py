@@ -12,13 +12,14 @@ import dagster as dg
 from dagster._core.definitions.data_version import DATA_VERSION_TAG
 
 from assets.documents import inbox as inbox_asset
-from lexgraph.build.corpus_index import catalog_digest
+from lexgraph.build.corpus_index import LEXICAL_GRAPH, catalog_digest
 from lexgraph.ids import short_hash
 from lexgraph.inbox import FileState, ReconcilePlan, scan_folder, states_from_json, states_to_json
-from orchestration.jobs import build_corpus_index, ingest_documents, purge_documents
+from orchestration.jobs import build_corpus_index, extract_documents, ingest_documents, purge_documents
 from orchestration.partitions import documents
 from orchestration.runner import drop_damaged_documents
 from orchestration.reconcile import ReconcileRequests, partition_requests, reconcile
+from orchestration.reextraction import REASON_TAG, SELECTION_DIFF_TAG, extraction_requests, selection_reextraction
 from resources import IndexResource, InboxResource, LanceDBResource
 
 REMOVED = "removed"
@@ -165,6 +166,36 @@ def corpus_index_sensor(context: dg.SensorEvaluationContext, index: IndexResourc
                                  "re-ingestion; the corpus index follows")
     context.log.info(f"corpus index out of step with the catalog of {len(indexed)} document(s): {', '.join(stale)}"
                      + (f"; attempt {len(failed) + 1}" if failed else ""))
-    return dg.RunRequest(run_key=f"{state}-{len(failed)}", job_name=build_corpus_index.name,
+    # Only the lexical graph behind (documents were re-extracted): run that step alone.
+    selection = [dg.AssetKey(LEXICAL_GRAPH)] if stale == [LEXICAL_GRAPH] else None
+    if selection:
+        state = f"{state}-lexical-{files.lexical_inputs_digest(indexed)[:12]}"
+    return dg.RunRequest(run_key=f"{state}-{len(failed)}", job_name=build_corpus_index.name, asset_selection=selection,
                          tags={CORPUS_STATE_TAG: state, "lexgraph/catalog_digest": digest,
                                "lexgraph/stale_steps": ",".join(stale)})
+
+
+# A skeleton selection change is not an eager trigger on chunk_extractions: skeleton_selection is unpartitioned,
+# so Dagster would mark every document partition as updated and re-extract the whole corpus (DESIGN §4).
+@dg.sensor(
+    job=extract_documents, minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING,
+    description="When the corpus job publishes a new skeleton selection diff and an LLM is configured, requests "
+    "batched extract_documents runs for exactly the documents with newly selected chunks (only those chunks call "
+    "the LLM; the rest are cache hits or heuristic). With the heuristic extractor a selection change needs no "
+    "re-extraction. The lexical graph then follows through the corpus sensor.",
+)
+def reextraction_sensor(context: dg.SensorEvaluationContext, index: IndexResource, lancedb: LanceDBResource):
+    settings = index.settings()
+    if settings.extractor != "openai":
+        return dg.SkipReason("no LLM configured (heuristic extractor): a skeleton selection change re-extracts nothing")
+    digest, doc_ids = selection_reextraction(settings, lancedb.get().indexed_hashes())
+    if digest is None:
+        return dg.SkipReason("no skeleton selection published yet")
+    if context.cursor == digest or not doc_ids:
+        return dg.SkipReason(f"selection diff {digest} needs no more re-extraction")
+    keys = context.instance.get_dynamic_partitions(documents.name)
+    requests = extraction_requests(keys, [d for d in doc_ids if d in keys], f"reextract-{digest}",
+                                   {SELECTION_DIFF_TAG: digest, REASON_TAG: "skeleton selection changed"})
+    context.log.info(f"skeleton selection diff {digest}: re-extracting {len(doc_ids)} document(s) in "
+                     f"{len(requests)} run(s)")
+    return dg.SensorResult(run_requests=requests, cursor=digest)

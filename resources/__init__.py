@@ -12,7 +12,11 @@ from typing import Iterator
 
 import dagster as dg
 
+from lexgraph.build import lexical
 from lexgraph.build.corpus_index import CorpusFiles
+from lexgraph.extract.extraction_cache import ExtractionCache
+from lexgraph.extract.schemas import Extractor
+from lexgraph.ledger import CostLedger
 from lexgraph.extract.embedder import Embedder
 from lexgraph.ids import document_id
 from lexgraph.inbox import iter_corpus_files
@@ -32,24 +36,39 @@ class IndexResource(dg.ConfigurableResource):
     knn_k: int = 0
     knn_mode: str = ""
     beta: float = -1.0
+    # The extractor's endpoint and model (not secret). The API key is never a resource field: it would be shown
+    # in the UI's resource config; it is read from LEXGRAPH_LLM_API_KEY / OPENAI_API_KEY where the run happens.
+    llm_base_url: str = ""
+    llm_model: str = ""
+    pii_masking: str = ""
+    entity_types: str = ""  # comma-separated
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "IndexResource":
         return cls(home=str(settings.home), collection=settings.collection, chunk_tokens=settings.chunk_tokens,
                    embed_model=settings.embed_model, knn_k=settings.knn_k, knn_mode=settings.knn_mode,
-                   beta=settings.beta)
+                   beta=settings.beta, llm_base_url=settings.llm_base_url, llm_model=settings.llm_model,
+                   pii_masking=settings.pii_masking, entity_types=",".join(settings.entity_types))
 
     def settings(self) -> Settings:
         return Settings.from_env(
             home=self.home or None, collection=self.collection or None, chunk_tokens=self.chunk_tokens or None,
             embed_model=self.embed_model or None, knn_k=self.knn_k or None, knn_mode=self.knn_mode or None,
-            beta=self.beta if self.beta >= 0 else None)
+            beta=self.beta if self.beta >= 0 else None, llm_base_url=self.llm_base_url or None,
+            llm_model=self.llm_model or None, pii_masking=self.pii_masking or None,
+            entity_types=self.entity_types or None)
 
     def extract_store(self) -> ExtractStore:
         return ExtractStore(self.settings().extract_dir)
 
     def corpus_files(self) -> CorpusFiles:
         return CorpusFiles(self.settings().index_dir)
+
+    def ledger(self) -> CostLedger:
+        return CostLedger(self.settings().ledger_dir)
+
+    def extraction_cache(self) -> ExtractionCache:
+        return ExtractionCache(self.settings().extraction_cache_dir)
 
 
 class EmbedderResource(dg.ConfigurableResource):
@@ -86,6 +105,23 @@ class KuzuResource(dg.ConfigurableResource):
     def writer(self) -> Iterator[GraphStore]:
         with GraphStore.writer(self.graph_path()) as graph:
             yield graph
+
+
+class ExtractorResource(dg.ConfigurableResource):
+    """The lexical graph's extractors: `openai` (instructor over an OpenAI-compatible endpoint) when
+    LEXGRAPH_LLM_BASE_URL (or OPENAI_BASE_URL) is set, else none; always the LLM-free heuristic one; and
+    the PII masker when LEXGRAPH_PII_MASKING=on. Built from the index's settings."""
+
+    index: IndexResource
+
+    def llm(self) -> Extractor | None:
+        return lexical.llm_extractor(self.index.settings())
+
+    def heuristic(self) -> Extractor:
+        return lexical.heuristic_extractor(self.index.settings())
+
+    def masker(self):
+        return lexical.pii_masker(self.index.settings())
 
 
 class InboxResource(dg.ConfigurableResource):

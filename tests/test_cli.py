@@ -54,6 +54,44 @@ def test_ingest_reports_and_status_counts(indexed_sample, capsys):
     assert f"kuzu Source: {n_files}  Chunk: {chunks}" in out
 
 
+def test_heuristic_lexical_graph_on_the_sample_corpus(indexed_sample, capsys):
+    """With no LLM configured, every chunk of the sample corpus is extracted heuristically into the lexical
+    graph: statements, topics, facts and entities, with provenance, resolved across documents, and no LLM call."""
+    import polars as pl
+
+    from lexgraph.settings import Settings
+    from lexgraph.storage.graph_store import GraphStore
+
+    corpus, home = indexed_sample
+    assert main(["--home", str(home), "status"]) == 0
+    out = capsys.readouterr().out
+    counts = {name: int(n) for name, n in re.findall(r"(Statement|Topic|Fact|Entity): (\d+)", out)}
+    assert set(counts) == {"Statement", "Topic", "Fact", "Entity"} and min(counts.values()) > 0, out
+    assert "extractor: heuristic" in out and "LLM calls so far: 0 (0 cache hits" in out
+    assert re.search(r"skeleton: \d+ of \d+ chunks selected", out)
+    settings = Settings.from_env(home=home)
+    graph = GraphStore(settings.graph_path)
+    try:
+        assert set(graph.query("MATCH (s:Statement) RETURN DISTINCT s.extractor AS e")["e"]) == {"heuristic"}
+        kestrel = graph.query("MATCH (e:Entity)-[:MENTIONED_IN]->(c:Chunk)-[:PART_OF]->(s:Source) "
+                              "WHERE e.name STARTS WITH 'Kestrel Propulsion' "
+                              "RETURN e.id AS id, count(DISTINCT s.id) AS sources")
+        assert kestrel.height == 1 and kestrel["sources"][0] > 1  # one entity across documents
+        # every statement leads back to its chunk and source; every fact to a statement
+        assert graph.query("MATCH (s:Statement)-[:EXTRACTED_FROM]->(:Chunk)-[:PART_OF]->(:Source) "
+                           "RETURN count(s) AS n")["n"][0] == counts["Statement"]
+        assert graph.query("MATCH (f:Fact)-[:SUPPORTS]->(:Statement) RETURN count(DISTINCT f) AS n")["n"][0] == \
+            counts["Fact"]
+    finally:
+        graph.close()
+    extractions = pl.read_parquet(settings.extract_dir / "extractions" / "*.parquet")
+    assert set(extractions["extractor"]) == {"heuristic"} and set(extractions["outcome"]) == {"ok"}
+    assert main(["--home", str(home), "cost"]) == 0
+    stages = {line.split()[0] for line in capsys.readouterr().out.splitlines()[2:]}
+    assert {"embedding", "keywords", "statement_embedding", "entity_embedding"} <= stages
+    assert "extraction" not in stages  # no LLM, no extraction calls
+
+
 def test_search_names_file_and_span(indexed_sample, capsys):
     corpus, home = indexed_sample
     assert main(["--home", str(home), "search", "Who is the chief executive of Kestrel Propulsion?", "-k", "3"]) == 0

@@ -9,6 +9,7 @@ from dagster._core.definitions.data_version import CachingStaleStatusResolver, S
 from dagster._core.loader import LoadingContextForTest
 
 from lexgraph.build import corpus_index as ci
+from lexgraph.build import lexical
 from lexgraph.build import pipeline
 from lexgraph.settings import Settings
 from lexgraph.storage.graph_store import GraphStore
@@ -17,8 +18,9 @@ from orchestration.definitions import build_definitions
 from orchestration.runner import ingest_folder
 from tests.helpers import stores
 
-PER_DOCUMENT = ("source_document", "document_chunks", "chunk_vectors", "document_graph", "document_keywords")
-CORPUS = ("chunk_knn_graph", "chunk_pagerank", "skeleton_selection", "keyword_index")
+PER_DOCUMENT = ("source_document", "document_chunks", "chunk_vectors", "document_graph", "document_keywords",
+                "chunk_extractions", "document_statements", "document_topics", "document_facts", "document_entities")
+CORPUS = ("chunk_knn_graph", "chunk_pagerank", "skeleton_selection", "keyword_index", "lexical_graph")
 RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 
 
@@ -147,7 +149,7 @@ def test_per_document_checks_fail_on_bad_output(tiny_corpus, home, instance, mon
     for run_id in ok.runs:
         for record in instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION):
             checks[record.dagster_event.event_specific_data.check_name] = record.dagster_event.event_specific_data.passed
-    assert len(checks) == 6 and all(checks.values()), checks
+    assert len(checks) == 8 and all(checks.values()), checks
 
     save_source, chunk_frame = pipeline.save_source, pipeline.chunk_frame
 
@@ -179,8 +181,8 @@ def test_per_document_checks_fail_on_bad_output(tiny_corpus, home, instance, mon
 
     extract = pipeline.extract_document_keywords
 
-    def lose_stats(doc_ids, store, embedder, progress=None):
-        result = extract(doc_ids, store, embedder, progress)
+    def lose_stats(doc_ids, store, embedder, progress=None, **ledger):
+        result = extract(doc_ids, store, embedder, progress, **ledger)
         store.path(pipeline.KEYWORD_STATS, result.done[0]).unlink()
         return result
 
@@ -189,6 +191,25 @@ def test_per_document_checks_fail_on_bad_output(tiny_corpus, home, instance, mon
     monkeypatch.setattr(VectorStore, "replace_chunks", drop_a_vector)
     monkeypatch.setattr(GraphStore, "replace_documents", orphan_a_chunk)
     monkeypatch.setattr(pipeline, "extract_document_keywords", lose_stats)
+
+    extract_chunks, flatten = lexical.extract_documents, lexical.flatten_documents
+
+    def lose_an_extraction(doc_ids, store, *args, **kwargs):  # gamma's first chunk gets no extraction row
+        result = extract_chunks(doc_ids, store, *args, **kwargs)
+        gamma = next(d for d in result.done if d.startswith("gamma.md-"))
+        store.write(pipeline.EXTRACTIONS, gamma, store.read(pipeline.EXTRACTIONS, gamma).slice(1))
+        return result
+
+    def foreign_statement(doc_ids, store, progress=None):  # alpha gets a statement of another document's chunk
+        result = flatten(doc_ids, store, progress)
+        alpha = next(d for d in result.done if d.startswith("alpha.md-"))
+        statements = store.read(pipeline.STATEMENTS, alpha)
+        store.write(pipeline.STATEMENTS, alpha, pl.concat([statements, statements.head(1).with_columns(
+            pl.lit("someone-else-c00000-00000000").alias("chunk_id"))]))
+        return result
+
+    monkeypatch.setattr(lexical, "extract_documents", lose_an_extraction)
+    monkeypatch.setattr(lexical, "flatten_documents", foreign_statement)
     defs = build_definitions(Settings.from_env(home=home, inbox=tiny_corpus))
     keys = instance.get_dynamic_partitions("documents")
     result = defs.resolve_job_def("ingest_documents").execute_in_process(instance=instance, tags=_whole_range(keys))
@@ -196,7 +217,8 @@ def test_per_document_checks_fail_on_bad_output(tiny_corpus, home, instance, mon
     assert _check_results(result) == {
         "every_source_is_stored": False, "no_empty_chunks": False, "chunks_within_embedder_limit": False,
         "vectors_have_model_dimension": False, "every_chunk_has_a_source": False,
-        "keywords_stored_for_every_document": False}
+        "keywords_stored_for_every_document": False, "every_chunk_has_an_extraction": False,
+        "statements_point_at_own_chunks": False}
 
 
 def test_corpus_checks_fail_on_bad_output(tmp_path, home, instance, monkeypatch):
@@ -221,11 +243,21 @@ def test_corpus_checks_fail_on_bad_output(tmp_path, home, instance, monkeypatch)
     monkeypatch.setattr(ci, "select", select_all)
     monkeypatch.setattr(ci, "keyword_chunk_links", lambda store, doc_ids: pl.DataFrame(
         schema={"keyword": pl.String, "chunk_id": pl.String, "sentence_count": pl.Int32}))
+    graph_frames = lexical.lexical_graph_frames
+
+    def unmentioned_entity(tables):  # an Entity node that no chunk mentions
+        nodes, edges, entities, merges = graph_frames(tables)
+        extra = nodes["Entity"].head(1).with_columns(pl.lit("ent-nowhere").alias("id"), pl.lit("Nowhere").alias("name"))
+        nodes["Entity"] = pl.concat([nodes["Entity"], extra])
+        return nodes, edges, entities, merges
+
+    monkeypatch.setattr(lexical, "lexical_graph_frames", unmentioned_entity)
     defs = build_definitions(Settings.from_env(home=home, inbox=folder))
     result = defs.resolve_job_def("build_corpus_index").execute_in_process(instance=instance)
     assert result.success
     assert _check_results(result) == {"every_chunk_has_a_neighbour": False, "pagerank_sums_to_one": False,
-                                      "selection_has_beta_n_chunks": False, "no_dangling_keyword_links": False}
+                                      "selection_has_beta_n_chunks": False, "no_dangling_keyword_links": False,
+                                      "lexical_nodes_are_anchored": False}
 
 
 def test_purge_leaves_a_removal_event_in_each_assets_history(tiny_corpus, home, instance):

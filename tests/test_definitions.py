@@ -4,8 +4,10 @@ import dagster as dg
 from lexgraph.settings import Settings
 from orchestration.definitions import build_definitions
 
-PER_DOCUMENT = {"inbox", "source_document", "document_chunks", "chunk_vectors", "document_graph", "document_keywords"}
-CORPUS = {"chunk_knn_graph", "chunk_pagerank", "skeleton_selection", "keyword_index"}
+LEXICAL = {"chunk_extractions", "document_statements", "document_topics", "document_facts", "document_entities"}
+PER_DOCUMENT = {"inbox", "source_document", "document_chunks", "chunk_vectors", "document_graph",
+                "document_keywords"} | LEXICAL
+CORPUS = {"chunk_knn_graph", "chunk_pagerank", "skeleton_selection", "keyword_index", "lexical_graph"}
 # What each asset reads or writes, besides running Python.
 KINDS = {
     "inbox": {"filesystem"},
@@ -19,6 +21,12 @@ KINDS = {
     "skeleton_selection": {"python", "parquet", "kuzu", "lancedb"},
     "keyword_index": {"python", "parquet", "kuzu", "lancedb"},
     "retrieval_benchmark": {"python", "parquet", "lancedb"},
+    "chunk_extractions": {"python", "parquet", "openai"},
+    "document_statements": {"python", "parquet"},
+    "document_topics": {"python", "parquet"},
+    "document_facts": {"python", "parquet"},
+    "document_entities": {"python", "parquet"},
+    "lexical_graph": {"python", "parquet", "kuzu", "lancedb"},
 }
 
 
@@ -30,10 +38,11 @@ def test_definitions_load_with_assets_checks_sensor_and_schedules():
     assert checks == {"every_source_is_stored", "no_empty_chunks", "chunks_within_embedder_limit",
                       "vectors_have_model_dimension", "every_chunk_has_a_source", "keywords_stored_for_every_document",
                       "every_chunk_has_a_neighbour", "pagerank_sums_to_one", "selection_has_beta_n_chunks",
-                      "no_dangling_keyword_links"}
+                      "no_dangling_keyword_links", "every_chunk_has_an_extraction", "statements_point_at_own_chunks",
+                      "lexical_nodes_are_anchored"}
     for check in repo.asset_graph.asset_check_keys:
         assert repo.asset_graph.get_check_spec(check).description, check
-    assert {s.name for s in repo.sensor_defs} == {"inbox_sensor", "corpus_index_sensor"}
+    assert {s.name for s in repo.sensor_defs} == {"inbox_sensor", "corpus_index_sensor", "reextraction_sensor"}
     assert {s.name for s in repo.schedule_defs} == {"nightly_purge", "nightly_ingest"}
     for key in repo.asset_graph.get_all_asset_keys():
         node = repo.asset_graph.get(key)
@@ -44,16 +53,39 @@ def test_definitions_load_with_assets_checks_sensor_and_schedules():
             assert node.group_name == "ingestion"
             assert node.partitions_def == dg.DynamicPartitionsDefinition(name="documents")
         else:  # corpus-wide assets are unpartitioned and never upstream of a partitioned one
-            assert node.group_name in ("skeleton", "evaluation") and node.partitions_def is None
+            assert node.group_name in ("skeleton", "lexical", "evaluation") and node.partitions_def is None
             assert all(repo.asset_graph.get(c).partitions_def is None for c in node.child_keys)
     assert repo.get_job("ingest_documents").executor_def.name == "in_process"
-    for writer in ("document_graph", "chunk_knn_graph", "skeleton_selection", "keyword_index"):
+    for writer in ("document_graph", "chunk_knn_graph", "skeleton_selection", "keyword_index", "lexical_graph"):
         assert repo.asset_graph.get(dg.AssetKey(writer)).pools == {"kuzu_writer"}
     # the inbox is observed (sha256 data versions) upstream of the sources, in every ingestion run
     inbox = repo.asset_graph.get(dg.AssetKey("inbox"))
     assert inbox.is_observable and dg.AssetKey("source_document") in inbox.child_keys
     assert dg.AssetKey("inbox") in repo.get_job("ingest_documents").asset_layer.external_job_asset_keys | \
         repo.get_job("ingest_documents").asset_layer.executable_asset_keys
+
+
+def test_lineage_reads_source_chunk_statement_topic_fact_entity():
+    """The asset graph shows the lexical graph's lineage: Source → Chunk → Statement → Topic / Fact / Entity,
+    then the corpus-wide load; the skeleton drives extraction only through its selection file (no edge)."""
+    repo = build_definitions().get_repository_def()
+    graph = repo.asset_graph
+
+    def parents(name):
+        return {k.to_user_string() for k in graph.get(dg.AssetKey(name)).parent_keys}
+
+    assert parents("document_chunks") == {"source_document"}
+    assert parents("chunk_extractions") == {"document_chunks"}
+    assert parents("document_statements") == {"chunk_extractions"}
+    assert parents("document_topics") == parents("document_facts") == parents("document_entities") == {
+        "document_statements"}
+    assert parents("lexical_graph") >= {"document_statements", "document_topics", "document_facts",
+                                        "document_entities", "skeleton_selection"}
+    assert "skeleton_selection" not in parents("chunk_extractions")  # would mark every partition stale
+    ingest = repo.get_job("ingest_documents").asset_layer.executable_asset_keys
+    assert {dg.AssetKey(name) for name in LEXICAL} <= ingest
+    assert dg.AssetKey("lexical_graph") in repo.get_job("build_corpus_index").asset_layer.executable_asset_keys
+    assert {k.to_user_string() for k in repo.get_job("extract_documents").asset_layer.executable_asset_keys} == LEXICAL
 
 
 def _code_versions(settings):
@@ -72,6 +104,14 @@ def test_code_versions_come_from_the_settings_not_the_run(tmp_path):
     knn = _code_versions(settings.with_(knn_k=3))
     assert {name for name in versions if knn[name] != versions[name]} == {
         "chunk_knn_graph", "chunk_pagerank", "skeleton_selection", "retrieval_benchmark"}
+    # the extractor's model and prompt version (entity types, PII masking) are part of the extraction assets'
+    for change in ({"llm_base_url": "http://127.0.0.1:9/v1"}, {"entity_types": ("person", "other")},
+                   {"pii_masking": "on", "llm_base_url": "http://127.0.0.1:9/v1"}):
+        changed = _code_versions(settings.with_(**change))
+        assert {name for name in versions if changed[name] != versions[name]} == LEXICAL | {"lexical_graph"}, change
+    llm = settings.with_(llm_base_url="http://127.0.0.1:9/v1")
+    other_model = _code_versions(llm.with_(llm_model="another-model"))
+    assert {name for name in versions if other_model[name] != _code_versions(llm)[name]} == LEXICAL | {"lexical_graph"}
 
 
 def test_workspace_loads_as_dagster_dev_loads_it():

@@ -34,6 +34,10 @@ BAD = [
     ({"LEXGRAPH_KNN_K": "many"}, "LEXGRAPH_KNN_K", "from 1 to 200"),
     ({"LEXGRAPH_COLLECTION": "a/b"}, "LEXGRAPH_COLLECTION", "plain folder name"),
     ({"LEXGRAPH_EMBED_MODEL": "no-such-model"}, "LEXGRAPH_EMBED_MODEL", "local folder"),
+    ({"LEXGRAPH_LLM_BASE_URL": "localhost:8000"}, "LEXGRAPH_LLM_BASE_URL", "http(s) URL"),
+    ({"LEXGRAPH_LLM_MODEL": "two words"}, "LEXGRAPH_LLM_MODEL", "model id without spaces"),
+    ({"LEXGRAPH_PII_MASKING": "sometimes"}, "LEXGRAPH_PII_MASKING", "one of off, on"),
+    ({"LEXGRAPH_ENTITY_TYPES": "person,,place"}, "LEXGRAPH_ENTITY_TYPES", "comma-separated list"),
 ]
 
 
@@ -58,6 +62,39 @@ def test_every_command_stops_with_exit_2(tmp_path, monkeypatch, capsys, environ,
     err = capsys.readouterr().err
     assert err.startswith(f"error: {variable}") and allowed in err and err.count("\n") == 1, err
     assert not (tmp_path / ".lexgraph").exists()
+
+
+def test_llm_settings_fall_back_to_openai_variables_and_pick_the_extractor():
+    assert Settings.from_env({}).extractor == "heuristic"
+    fallback = Settings.from_env({"OPENAI_BASE_URL": "http://127.0.0.1:8000/v1", "OPENAI_API_KEY": "sk-fallback"})
+    assert (fallback.extractor, fallback.llm_base_url, fallback.llm_api_key) == (
+        "openai", "http://127.0.0.1:8000/v1", "sk-fallback")
+    own = Settings.from_env({"OPENAI_BASE_URL": "http://127.0.0.1:8000/v1", "LEXGRAPH_LLM_BASE_URL": "http://h:1/v1",
+                             "LEXGRAPH_LLM_API_KEY": "sk-own", "OPENAI_API_KEY": "sk-fallback",
+                             "LEXGRAPH_LLM_MODEL": "qwen2.5-7b", "LEXGRAPH_PII_MASKING": "ON",
+                             "LEXGRAPH_ENTITY_TYPES": "Person, Vessel"})
+    assert (own.llm_base_url, own.llm_api_key, own.llm_model) == ("http://h:1/v1", "sk-own", "qwen2.5-7b")
+    assert own.pii_masking_enabled and own.entity_types == ("person", "vessel")
+    assert own.ledger_dir == own.index_dir / "ledger" and own.extraction_cache_dir == own.index_dir / "extraction_cache"
+
+
+def test_the_api_key_is_never_shown(tmp_path, monkeypatch, capsys):
+    """Not in the settings' repr, not in any Dagster resource's config, not in `lexgraph status`."""
+    from orchestration.cli import main
+    from orchestration.definitions import build_definitions
+
+    secret = "sk-never-print-this-7f3a"
+    monkeypatch.setenv("LEXGRAPH_LLM_API_KEY", secret)
+    monkeypatch.setenv("LEXGRAPH_LLM_BASE_URL", "http://user:pw@127.0.0.1:9/v1")
+    settings = Settings.from_env(home=tmp_path / "home")
+    assert settings.llm_api_key == secret and secret not in repr(settings)
+    defs = build_definitions(settings)
+    assert secret not in repr(defs.resources) and all(
+        secret not in repr(resource.model_dump()) for resource in defs.resources.values())
+    assert defs.resources["index"].settings().llm_api_key == secret  # read where the run happens
+    assert main(["--home", str(tmp_path / "home"), "status"]) == 0
+    out = capsys.readouterr().out
+    assert secret not in out and "pw@" not in out and "extractor: openai" in out
 
 
 def test_home_that_is_a_file_or_under_one(tmp_path):

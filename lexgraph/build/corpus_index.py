@@ -19,7 +19,7 @@ from lexgraph.ids import content_hash
 from lexgraph.storage.extract_store import ExtractStore
 from lexgraph.build.knn import DEFAULT_K, KnnGraph, KnnUpdate, lexical_knn, semantic_knn
 from lexgraph.build.pagerank import pagerank
-from lexgraph.build.pipeline import KEYWORD_STATS, KEYWORDS
+from lexgraph.build.pipeline import ENTITIES, FACTS, KEYWORD_STATS, KEYWORDS, RELATIONS, STATEMENTS, TOPICS
 from lexgraph.build.skeleton import DEFAULT_BETA, SelectionDiff, select_skeleton, selection_diff, skeleton_size
 
 # Exact neighbours up to this many chunks (incremental == rebuild); HNSW candidates beyond it.
@@ -35,7 +35,10 @@ def knn_mode(requested: str, n_chunks: int) -> str:
 
 
 # The corpus assets, in the order the corpus job runs them; each records the catalog it was built from.
-CORPUS_STEPS = ("chunk_knn_graph", "chunk_pagerank", "skeleton_selection", "keyword_index")
+CORPUS_STEPS = ("chunk_knn_graph", "chunk_pagerank", "skeleton_selection", "keyword_index", "lexical_graph")
+# The step that loads the lexical graph; re-extraction without a catalog change makes only it out of step.
+LEXICAL_GRAPH = "lexical_graph"
+LEXICAL_TABLES = (STATEMENTS, TOPICS, FACTS, ENTITIES, RELATIONS)
 
 
 # Prefix of a recorded digest whose documents were reloaded since (their corpus edges went with them).
@@ -61,6 +64,9 @@ class CorpusFiles:
         self.keyword_index = self.root / "keyword_index.parquet"
         self.keyword_contrib = self.root / "keyword_contrib"  # each document's stats as added
         self.built_from = self.root / "built_from.json"  # step -> catalog digest it was built from
+        self.entity_merges = self.root / "entity_merges.parquet"  # every surface form folded into an entity, and why
+        self.reextracted = self.root / "reextracted.json"  # the selection diff whose re-extraction is done
+        self.lexical_inputs = self.root / "lexical_inputs.json"  # the lexical tables the lexical graph was built from
 
     def record_built(self, step: str, digest: str) -> None:
         """Written last by each corpus step, so a crash before it leaves the step out of date."""
@@ -82,6 +88,33 @@ class CorpusFiles:
         if built:
             self._write_built({step: d if d.startswith(RELOADED) else RELOADED + d for step, d in built.items()})
 
+    def lexical_inputs_digest(self, doc_ids) -> str:
+        """One hash of the lexical tables the lexical graph is built from (each file's size and modification
+        time; every write replaces a file), so re-extracted documents make it out of step although the
+        catalog did not change. Taken before the build reads them: a write during the build is not missed."""
+        extract = self.root.parent / "extract"
+        lines = []
+        for doc_id in sorted(doc_ids):
+            for stage in LEXICAL_TABLES:
+                try:
+                    stat = (extract / stage / f"{doc_id}.parquet").stat()
+                    lines.append(f"{doc_id}|{stage}|{stat.st_size}|{stat.st_mtime_ns}")
+                except FileNotFoundError:
+                    lines.append(f"{doc_id}|{stage}|-")
+        return content_hash("\n".join(lines))
+
+    def record_lexical_inputs(self, digest: str) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        partial = self.lexical_inputs.with_suffix(".tmp")
+        partial.write_text(json.dumps({"digest": digest}))
+        partial.replace(self.lexical_inputs)
+
+    def recorded_lexical_inputs(self) -> str | None:
+        try:
+            return json.loads(self.lexical_inputs.read_text()).get("digest")
+        except (FileNotFoundError, ValueError, AttributeError):
+            return None
+
     def built_digests(self) -> dict[str, str]:
         try:
             return json.loads(self.built_from.read_text())
@@ -92,7 +125,10 @@ class CorpusFiles:
         """Corpus steps not built from this catalog: the corpus index must be updated when any is."""
         digest = catalog_digest(indexed)
         built = self.built_digests()
-        return [step for step in CORPUS_STEPS if built.get(step) != digest]
+        stale = [step for step in CORPUS_STEPS if built.get(step) != digest]
+        if LEXICAL_GRAPH not in stale and self.lexical_inputs_digest(indexed) != self.recorded_lexical_inputs():
+            stale.append(LEXICAL_GRAPH)  # documents were re-extracted since it was built
+        return stale
 
     def write(self, path: Path, frame: pl.DataFrame) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

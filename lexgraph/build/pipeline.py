@@ -5,6 +5,7 @@ any stage can be re-run alone and the stores can be rebuilt from files.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,6 +22,7 @@ from lexgraph.extract.source_texts import page_of, save_source_text
 from lexgraph.faults import CATALOG, EMBEDDING, crash_point
 from lexgraph.ids import chunk_id
 from lexgraph.inbox import record_read_results
+from lexgraph.ledger import CostLedger
 from lexgraph.settings import Settings
 from lexgraph.storage.extract_store import ExtractStore
 from lexgraph.storage.graph_store import GraphStore
@@ -28,6 +30,11 @@ from lexgraph.storage.vector_store import VectorStore
 
 SOURCES, CHUNKS, VECTORS = "sources", "chunks", "vectors"
 KEYWORDS, KEYWORD_STATS = "keywords", "keyword_stats"
+# The lexical graph's per-document stages (lexgraph.build.lexical writes them).
+EXTRACTIONS = "extractions"
+STATEMENTS, TOPICS, FACTS, ENTITIES, RELATIONS = "statements", "topics", "facts", "entities", "relations"
+# Cost-ledger stages of the embedding calls.
+EMBEDDING_STAGE, KEYWORDS_STAGE = "embedding", "keywords"
 HEADING_SEPARATOR = " > "
 # Chunks embedded together across small documents, so a batch is never a handful of texts.
 EMBED_GROUP_CHUNKS = 2048
@@ -132,12 +139,39 @@ def chunk_documents(doc_ids: Iterable[str], store: ExtractStore, counter: TokenC
     return result
 
 
+def shares(total: int, weights: list[int]) -> list[int]:
+    """`total` split in proportion to `weights`, in whole numbers that add up to it."""
+    whole = sum(weights)
+    if not weights:
+        return []
+    if whole <= 0:
+        return [total // len(weights)] * (len(weights) - 1) + [total - total // len(weights) * (len(weights) - 1)]
+    parts = [total * w // whole for w in weights]
+    parts[-1] += total - sum(parts)
+    return parts
+
+
+def ledger_rows(stage: str, model: str, run_id: str, doc_ids: list[str], weights: list[int], tokens: int,
+                seconds: float) -> list[dict]:
+    """One cost-ledger row per document for a batched embedding call, its tokens and time shared by weight."""
+    token_shares = shares(tokens, weights)
+    whole = sum(weights) or 1
+    return [{"run_id": run_id or "direct", "stage": stage, "doc_id": d, "model": model, "prompt_tokens": n,
+             "seconds": seconds * w / whole, "attempts": 1}
+            for d, w, n in zip(doc_ids, weights, token_shares)]
+
+
 def _embed_group(group: list[str], frames: list[pl.DataFrame], store: ExtractStore, embedder: Embedder,
-                 vectors: VectorStore) -> int:
+                 vectors: VectorStore, ledger: CostLedger | None = None, run_id: str = "") -> int:
     chunks = pl.concat(frames)
     embedded = report.counter("embedding")
+    before, started = embedder.stats.tokens, time.perf_counter()
     matrix = embedder.embed(chunks["text"].to_list(), progress=embedded)
     embedded.finish(chunks.height)
+    if ledger is not None:
+        ledger.record(ledger_rows(EMBEDDING_STAGE, embedder.model_name, run_id, group,
+                                  [int(f["token_count"].sum()) for f in frames], embedder.stats.tokens - before,
+                                  time.perf_counter() - started))
     offset = 0
     for doc_id, frame in zip(group, frames):
         part = matrix[offset : offset + frame.height]
@@ -149,8 +183,10 @@ def _embed_group(group: list[str], frames: list[pl.DataFrame], store: ExtractSto
 
 
 def embed_documents(doc_ids: Iterable[str], store: ExtractStore, embedder: Embedder, vectors: VectorStore,
-                    progress: Progress | None = None) -> StageResult:
-    """Embed chunks of many documents in shared batches and replace them in LanceDB."""
+                    progress: Progress | None = None, ledger: CostLedger | None = None,
+                    run_id: str = "") -> StageResult:
+    """Embed chunks of many documents in shared batches and replace them in LanceDB; each document's
+    share of every batch is a cost-ledger row (stage "embedding")."""
     result = StageResult()
     group: list[str] = []
     frames: list[pl.DataFrame] = []
@@ -160,7 +196,7 @@ def embed_documents(doc_ids: Iterable[str], store: ExtractStore, embedder: Embed
 
     def flush() -> None:
         if group:
-            result.rows += _embed_group(group, frames, store, embedder, vectors)
+            result.rows += _embed_group(group, frames, store, embedder, vectors, ledger, run_id)
             result.done.extend(group)
             result.figures.update({d: {"rows": f.height, "tokens": int(f["token_count"].sum())} for d, f in zip(group, frames)})
             crash_point(EMBEDDING)
@@ -215,10 +251,11 @@ def ingest_directly(paths: dict[str, Path], root: Path, settings: Settings, embe
     """All stages in one process without Dagster: the baseline for measuring orchestration overhead."""
     store = ExtractStore(settings.extract_dir)
     vectors = VectorStore(settings.lance_uri)
+    ledger = CostLedger(settings.ledger_dir)
     sources = load_sources(paths, root, store, settings.index_version)
     chunks = chunk_documents(sources.done, store, embedder, settings.chunk_tokens)
-    embedded = embed_documents(chunks.done, store, embedder, vectors)
-    keywords = extract_document_keywords(chunks.done, store, embedder)
+    embedded = embed_documents(chunks.done, store, embedder, vectors, ledger=ledger, run_id="direct")
+    keywords = extract_document_keywords(chunks.done, store, embedder, ledger=ledger, run_id="direct")
     with GraphStore.writer(settings.graph_path) as graph:
         graph_result = load_graph(embedded.done, store, graph, vectors)
     return {"sources": sources, "chunks": chunks, "vectors": embedded, "keywords": keywords, "graph": graph_result}
@@ -226,9 +263,11 @@ def ingest_directly(paths: dict[str, Path], root: Path, settings: Settings, embe
 
 
 def extract_document_keywords(doc_ids: Iterable[str], store: ExtractStore, embedder: Embedder,
-                              progress: Progress | None = None) -> StageResult:
+                              progress: Progress | None = None, ledger: CostLedger | None = None,
+                              run_id: str = "") -> StageResult:
     """LLM-free keywords per chunk, plus per-keyword sums of sentence embeddings (KET-RAG's keyword
-    vectors are their means); sentences of many documents are embedded in shared batches."""
+    vectors are their means); sentences of many documents are embedded in shared batches, each
+    document's share a cost-ledger row (stage "keywords")."""
     result = StageResult()
     pending: list[tuple[str, KeywordExtraction]] = []
     before = embedder.stats.tokens
@@ -237,8 +276,13 @@ def extract_document_keywords(doc_ids: Iterable[str], store: ExtractStore, embed
         sentences = [s for _, extraction in pending for s in extraction.sentences]
         report.start("keywords", len(sentences), "sentences")
         embedded = report.counter("keywords")
+        tokens_before, started = embedder.stats.tokens, time.perf_counter()
         matrix = embedder.embed(sentences, progress=embedded)
         embedded.finish(len(sentences))
+        if ledger is not None:
+            ledger.record(ledger_rows(KEYWORDS_STAGE, embedder.model_name, run_id, [d for d, _ in pending],
+                                      [len(e.sentences) for _, e in pending], embedder.stats.tokens - tokens_before,
+                                      time.perf_counter() - started))
         offset = 0
         for doc_id, extraction in pending:
             vectors = matrix[offset : offset + len(extraction.sentences)]

@@ -106,24 +106,45 @@ def _record_build(home: Path, build: IndexBuild) -> None:
 
 
 def build_cost(home: Path | None) -> dict:
-    """Embedding tokens and wall time summed over every build of this cached index; no LLM is used."""
+    """Wall time and embedding tokens summed over every build of this cached index (model calls and their
+    tokens are read from the index's cost ledger: index_cost_from_store)."""
     path = home / "index_build.json" if home else None
     history = json.loads(path.read_text()) if path and path.exists() else []
     return {"embedding_tokens": sum(h["embedding_tokens"] for h in history),
             "build_seconds": round(sum(h["seconds"] for h in history), 1),
-            "builds": len([h for h in history if not h["reused"]]), "llm_calls": 0, "llm_prompt_tokens": 0,
-            "llm_completion_tokens": 0}
+            "builds": len([h for h in history if not h["reused"]])}
 
 
 def index_cost_from_store(settings: Settings) -> dict:
-    """Embedding tokens recounted from the Extract store (chunk token counts); used when no build
-    was recorded, e.g. for an index made by the Dagster sensors rather than by the bench."""
-    from lexgraph.storage.extract_store import ExtractStore
-    from lexgraph.build.pipeline import CHUNKS
+    """What the index cost, read from its cost ledger (every model call, embeddings and LLM, cache hits
+    included): LLM calls and prompt/completion tokens per stage, embedding tokens per stage. An index built
+    before the ledger existed has none: its chunk embedding tokens are then recounted from the Extract store."""
+    from lexgraph.ledger import CostLedger
 
-    scan = ExtractStore(settings.extract_dir).scan(CHUNKS)
-    tokens = int(scan.select(pl.col("token_count").sum()).collect().item()) if scan is not None else 0
-    return {"chunk_embedding_tokens": tokens, "llm_calls": 0, "llm_prompt_tokens": 0, "llm_completion_tokens": 0}
+    ledger = CostLedger(settings.ledger_dir).read()
+    llm = ledger.filter(pl.col("stage") == "extraction")
+    embedding = ledger.filter(pl.col("stage") != "extraction")
+    by_stage = (ledger.group_by("stage").agg(pl.len().alias("calls"), pl.col("cache_hit").sum().alias("cache_hits"),
+                                             pl.col("prompt_tokens").sum(), pl.col("completion_tokens").sum())
+                .sort("stage"))
+    cost = {"llm_calls": int(llm.height - llm["cache_hit"].sum()), "llm_cache_hits": int(llm["cache_hit"].sum()),
+            "llm_prompt_tokens": int(llm["prompt_tokens"].sum()),
+            "llm_completion_tokens": int(llm["completion_tokens"].sum()),
+            "embedding_tokens_by_stage": {r["stage"]: int(r["prompt_tokens"]) for r in by_stage.iter_rows(named=True)
+                                          if r["stage"] != "extraction"},
+            "by_stage": {r["stage"]: {k: int(v) for k, v in r.items() if k != "stage"}
+                         for r in by_stage.iter_rows(named=True)},
+            "source": "ledger"}
+    chunk_tokens = int(embedding.filter(pl.col("stage") == "embedding")["prompt_tokens"].sum())
+    if not ledger.height:
+        from lexgraph.build.pipeline import CHUNKS
+        from lexgraph.storage.extract_store import ExtractStore
+
+        scan = ExtractStore(settings.extract_dir).scan(CHUNKS)
+        chunk_tokens = int(scan.select(pl.col("token_count").sum()).collect().item()) if scan is not None else 0
+        cost["source"] = "recounted (no ledger)"
+    cost["chunk_embedding_tokens"] = chunk_tokens
+    return cost
 
 
 def index_size(settings: Settings) -> dict[str, int]:

@@ -129,7 +129,9 @@ def report_markdown(data: dict) -> str:
         *(f"| {part} | {_mb(size)} |" for part, size in index["size_bytes"].items()), "",
         f"Cost: {cost.get('embedding_tokens', '–')} embedding tokens at build (chunks and keyword sentences; "
         f"chunk tokens alone {cost.get('chunk_embedding_tokens', '–')}), build wall time "
-        f"{cost.get('build_seconds', '–')} s, LLM calls {cost['llm_calls']}, LLM tokens 0. "
+        f"{cost.get('build_seconds', '–')} s, LLM calls {cost['llm_calls']} ({cost.get('llm_cache_hits', 0)} cache "
+        f"hits), LLM tokens {cost.get('llm_prompt_tokens', 0)} prompt + {cost.get('llm_completion_tokens', 0)} "
+        f"completion (from the cost ledger). "
         f"Query embedding tokens this run: {data['query_embedding_tokens']}.",
     ]
     if questions["unmatched_evidence_ids"]:

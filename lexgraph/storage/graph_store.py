@@ -22,7 +22,33 @@ SCHEMA = [
     "CREATE REL TABLE IF NOT EXISTS NEXT(FROM Chunk TO Chunk)",
     "CREATE REL TABLE IF NOT EXISTS SIMILAR(FROM Chunk TO Chunk, kind STRING, weight DOUBLE)",
     "CREATE REL TABLE IF NOT EXISTS KEYWORD_IN(FROM Keyword TO Chunk, occurrences INT64)",
+    # The lexical graph (Source → Chunk → Statement → Topic / Fact / Entity); every extracted node records
+    # its provenance: extractor, model, prompt version and extraction time.
+    """CREATE NODE TABLE IF NOT EXISTS Statement(id STRING, doc_id STRING, chunk_id STRING, topic_id STRING,
+        text STRING, extractor STRING, model STRING, prompt_version STRING, extracted_at TIMESTAMP, PRIMARY KEY(id))""",
+    "CREATE NODE TABLE IF NOT EXISTS Topic(id STRING, doc_id STRING, name STRING, PRIMARY KEY(id))",
+    # Facts and entities are global (one node for the same fact or resolved entity from any source); their
+    # provenance lists every extractor, model and prompt version behind them (comma-joined), and the latest time.
+    """CREATE NODE TABLE IF NOT EXISTS Fact(id STRING, subject STRING, predicate STRING, object STRING,
+        statements INT64, documents INT64, extractor STRING, model STRING, prompt_version STRING,
+        extracted_at TIMESTAMP, PRIMARY KEY(id))""",
+    """CREATE NODE TABLE IF NOT EXISTS Entity(id STRING, name STRING, type STRING, description STRING,
+        aliases STRING[], mentions INT64, documents INT64, extractor STRING, model STRING, prompt_version STRING,
+        extracted_at TIMESTAMP, PRIMARY KEY(id))""",
+    "CREATE REL TABLE IF NOT EXISTS EXTRACTED_FROM(FROM Statement TO Chunk)",
+    "CREATE REL TABLE IF NOT EXISTS BELONGS_TO(FROM Statement TO Topic)",
+    "CREATE REL TABLE IF NOT EXISTS TOPIC_OF(FROM Topic TO Source)",
+    "CREATE REL TABLE IF NOT EXISTS SUPPORTS(FROM Fact TO Statement)",
+    "CREATE REL TABLE IF NOT EXISTS SUBJECT(FROM Entity TO Fact)",
+    "CREATE REL TABLE IF NOT EXISTS OBJECT(FROM Entity TO Fact)",
+    "CREATE REL TABLE IF NOT EXISTS RELATED(FROM Entity TO Entity, predicate STRING, description STRING, weight DOUBLE)",
+    "CREATE REL TABLE IF NOT EXISTS MENTIONED_IN(FROM Entity TO Chunk, description STRING)",
 ]
+# Node tables of the lexical graph, rebuilt together from the extract Parquet files, and its edges.
+LEXICAL_NODES = ("Statement", "Topic", "Fact", "Entity")
+LEXICAL_RELS = {"EXTRACTED_FROM": ("Statement", "Chunk"), "BELONGS_TO": ("Statement", "Topic"),
+                "TOPIC_OF": ("Topic", "Source"), "SUPPORTS": ("Fact", "Statement"), "SUBJECT": ("Entity", "Fact"),
+                "OBJECT": ("Entity", "Fact"), "RELATED": ("Entity", "Entity"), "MENTIONED_IN": ("Entity", "Chunk")}
 # How long a writer waits for another process to finish before giving up with a clear error.
 WRITER_WAIT_SECONDS = 600.0
 
@@ -95,6 +121,9 @@ class GraphStore:
             return
         self.conn.execute("MATCH (c:Chunk) WHERE c.doc_id IN $ids DETACH DELETE c", {"ids": doc_ids})
         self.conn.execute("MATCH (s:Source) WHERE s.id IN $ids DETACH DELETE s", {"ids": doc_ids})
+        # their statements and topics go at once; shared facts and entities with the next lexical_graph build
+        self.conn.execute("MATCH (s:Statement) WHERE s.doc_id IN $ids DETACH DELETE s", {"ids": doc_ids})
+        self.conn.execute("MATCH (t:Topic) WHERE t.doc_id IN $ids DETACH DELETE t", {"ids": doc_ids})
 
     def replace_documents(self, sources: pl.DataFrame, chunks: pl.DataFrame) -> None:
         """Idempotent load: delete what these documents had, then bulk-copy the new nodes and edges."""
@@ -143,10 +172,34 @@ class GraphStore:
         self._copy("KEYWORD_IN", links.select(pl.col("keyword").alias("from"), pl.col("chunk_id").alias("to"),
                                               pl.col("sentence_count").cast(pl.Int64).alias("occurrences")))
 
+    def replace_lexical_graph(self, nodes: dict[str, pl.DataFrame], edges: dict[str, pl.DataFrame]) -> None:
+        """The whole lexical graph at once: every Statement, Topic, Fact and Entity node (with their edges) is
+        deleted, then the given ones copied in. nodes: table -> rows in the table's column order; edges:
+        rel table -> rows with `from`, `to` and the rel's properties. Edges to nodes that are not in the graph
+        (e.g. a chunk of a document not loaded) are dropped, not failed on."""
+        for table in LEXICAL_NODES:
+            self.conn.execute(f"MATCH (n:{table}) DETACH DELETE n")
+        for table in LEXICAL_NODES:
+            if table in nodes:
+                self._copy(table, nodes[table])
+        known = {table: set(frame["id"].to_list()) for table, frame in nodes.items()}
+        known["Chunk"] = set(self.query("MATCH (c:Chunk) RETURN c.id AS id")["id"].to_list()) if self.count("Chunk") else set()
+        known["Source"] = set(self.query("MATCH (s:Source) RETURN s.id AS id")["id"].to_list()) if self.count("Source") else set()
+        for rel, frame in edges.items():
+            source, target = LEXICAL_RELS[rel]
+            keep = frame.filter(pl.col("from").is_in(list(known.get(source, ()))) & pl.col("to").is_in(list(known.get(target, ()))))
+            self._copy(rel, keep)
+
     def _copy(self, table: str, frame: pl.DataFrame) -> None:
         if frame.height:
             rows = frame.to_arrow()  # noqa: F841  (Kùzu scans the local variable by name)
             self.conn.execute(f"COPY {table} FROM rows")
+
+    def tables(self) -> set[str]:
+        """Names of the node and rel tables (a graph written before a table was added lacks it)."""
+        if self.conn is None:
+            return set()
+        return set(self.conn.execute("CALL show_tables() RETURN name").get_as_pl()["name"].to_list())
 
     def count(self, table: str) -> int:
         if self.conn is None:

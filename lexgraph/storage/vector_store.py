@@ -15,6 +15,9 @@ import pyarrow as pa
 CHUNKS = "chunks"
 SOURCES = "sources"
 KEYWORDS = "keywords"
+# The lexical graph's vectors: statement text, and an entity's "name: description".
+STATEMENTS = "statements"
+ENTITIES = "entities"
 
 
 def chunk_schema(dimension: int) -> pa.Schema:
@@ -114,6 +117,43 @@ class VectorStore:
         data = keywords.select("keyword", "sentence_count", "vector").to_arrow().cast(schema)
         self.db.create_table(KEYWORDS, data=data, schema=schema, mode="overwrite")
 
+    def known_vectors(self, name: str, key: str, text: str) -> pl.DataFrame:
+        """key, text and vector of every row of a table (none when the table does not exist yet), so a
+        rebuild embeds only new or changed texts."""
+        table = self._table(name)
+        if table is None or not {key, text, "vector"} <= set(table.schema.names):
+            return pl.DataFrame()
+        return pl.from_arrow(table.to_arrow().select([key, text, "vector"]))
+
+    def scan(self, name: str, columns: list[str], where: str | None = None) -> pl.DataFrame:
+        """Some columns of a table's rows (those matching `where`), without reading the others; an empty
+        frame when the table does not exist."""
+        table = self._table(name)
+        if table is None:
+            return pl.DataFrame()
+        query = table.search()
+        if where:
+            query = query.where(where)
+        return pl.from_arrow(query.select([c for c in columns if c in table.schema.names]).limit(None).to_arrow())
+
+    def delete_rows(self, name: str, column: str, values: list[str], batch: int = 500) -> None:
+        table = self._table(name)
+        if table is None:
+            return
+        for start in range(0, len(values), batch):
+            table.delete(_in_list(column, values[start:start + batch]))
+
+    def add_rows(self, name: str, frame: pl.DataFrame) -> None:
+        """Append rows, creating the table (schema from the frame) when it does not exist yet."""
+        if name in self.table_names():
+            self.db.open_table(name).add(frame.to_arrow())
+        else:
+            self.db.create_table(name, data=frame.to_arrow())
+
+    def replace_table(self, name: str, frame: pl.DataFrame) -> None:
+        """Overwrite a whole table with frame (its `vector` column a fixed-size float32 array)."""
+        self.db.create_table(name, data=frame.to_arrow(), mode="overwrite")
+
     def upsert_sources(self, sources: pl.DataFrame) -> None:
         table = self._table(SOURCES, SOURCE_SCHEMA)
         data = sources.select([f.name for f in SOURCE_SCHEMA]).to_arrow().cast(SOURCE_SCHEMA)
@@ -128,7 +168,7 @@ class VectorStore:
     def delete_documents(self, doc_ids: list[str]) -> None:
         if not doc_ids:
             return
-        for name in (CHUNKS, SOURCES):
+        for name in (CHUNKS, SOURCES, STATEMENTS):
             table = self._table(name)
             if table is not None:
                 table.delete(_in_list("doc_id", doc_ids))

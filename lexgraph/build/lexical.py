@@ -1,0 +1,663 @@
+"""The lexical graph (Source → Chunk → Statement → Topic / Fact / Entity) in three replayable stages.
+
+1. Extract (`extract_documents`): one ChunkExtraction per chunk, kept per document as the Parquet
+   `extractions` stage. Skeleton chunks go to the LLM extractor when one is configured (through the
+   extraction cache, keyed by chunk content, model and prompt version, so a chunk never pays twice);
+   every other chunk, and every chunk whose LLM call failed or could not be sent, gets the heuristic
+   extraction, and the failure is recorded on its row. Every model call and cache hit is a cost-ledger row.
+2. Flatten (`flatten_documents`): the extractions as tables per document: `statements`, `topics`,
+   `facts`, `entities`, `relations`, each row with its provenance (extractor, model, prompt version,
+   extraction time).
+3. Load (`build_lexical_graph`): all documents' tables, with entity and fact resolution, into Kùzu
+   (Statement, Topic, Fact, Entity nodes and their edges) and LanceDB (statement and entity vectors).
+   Built from the Parquet files alone: rebuilding, or dropping a removed document's share, costs no
+   LLM call.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import polars as pl
+
+from lexgraph import progress as report
+from lexgraph.build.pipeline import (CHUNKS, ENTITIES, EXTRACTIONS, FACTS, RELATIONS, STATEMENTS, TOPICS,
+                                     StageResult)
+from lexgraph.extract.extraction_cache import ExtractionCache, key_for
+from lexgraph.extract.schemas import ChunkExtraction, ChunkInput, ExtractionOutcome, Extractor
+from lexgraph.ids import content_hash, short_hash
+from lexgraph.ledger import CostLedger
+from lexgraph.storage.extract_store import ExtractStore
+
+LEXICAL_STAGES = (STATEMENTS, TOPICS, FACTS, ENTITIES, RELATIONS)
+# Ledger stages of the lexical graph's model calls.
+EXTRACTION_STAGE = "extraction"
+STATEMENT_EMBEDDING_STAGE, ENTITY_EMBEDDING_STAGE = "statement_embedding", "entity_embedding"
+# LanceDB tables of the lexical graph's vectors.
+STATEMENT_VECTORS, ENTITY_VECTORS = "statements", "entities"
+
+PROVENANCE = {"extractor": pl.Utf8, "model": pl.Utf8, "prompt_version": pl.Utf8,
+              "extracted_at": pl.Datetime("us", "UTC")}
+EXTRACTION_COLUMNS = {
+    "chunk_id": pl.Utf8, "doc_id": pl.Utf8, **PROVENANCE, "outcome": pl.Utf8, "error": pl.Utf8,
+    "in_skeleton": pl.Boolean, "cache_hit": pl.Boolean, "attempts": pl.Int32, "extraction": pl.Utf8,
+}
+STATEMENT_COLUMNS = {"statement_id": pl.Utf8, "chunk_id": pl.Utf8, "doc_id": pl.Utf8, "topic_id": pl.Utf8,
+                     "topic": pl.Utf8, "text": pl.Utf8, **PROVENANCE}
+TOPIC_COLUMNS = {"topic_id": pl.Utf8, "name": pl.Utf8, "doc_id": pl.Utf8, "statements": pl.Int32}
+FACT_COLUMNS = {"fact_id": pl.Utf8, "subject": pl.Utf8, "predicate": pl.Utf8, "object": pl.Utf8,
+                "statement_id": pl.Utf8, "chunk_id": pl.Utf8, "doc_id": pl.Utf8, **PROVENANCE}
+ENTITY_COLUMNS = {"entity_name": pl.Utf8, "entity_type": pl.Utf8, "description": pl.Utf8, "mention": pl.Utf8,
+                  "chunk_id": pl.Utf8, "doc_id": pl.Utf8, **PROVENANCE}
+RELATION_COLUMNS = {"source": pl.Utf8, "target": pl.Utf8, "predicate": pl.Utf8, "description": pl.Utf8,
+                    "strength": pl.Float64, "chunk_id": pl.Utf8, "doc_id": pl.Utf8, **PROVENANCE}
+COLUMNS = {EXTRACTIONS: EXTRACTION_COLUMNS, STATEMENTS: STATEMENT_COLUMNS, TOPICS: TOPIC_COLUMNS,
+           FACTS: FACT_COLUMNS, ENTITIES: ENTITY_COLUMNS, RELATIONS: RELATION_COLUMNS}
+
+Progress = Callable[[int], None]
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _frame(stage: str, rows: list[dict]) -> pl.DataFrame:
+    return pl.DataFrame(rows, schema=COLUMNS[stage], orient="row") if rows else pl.DataFrame(schema=COLUMNS[stage])
+
+
+# --- 1. extract ------------------------------------------------------------------------------------
+
+
+@dataclass
+class ExtractionTally:
+    """What extracting one document did and cost (its partition's figures)."""
+
+    chunks: int = 0
+    skeleton_chunks: int = 0
+    llm_calls: int = 0  # requests that reached the model (cache misses)
+    cache_hits: int = 0
+    llm_failures: int = 0  # chunks that kept the heuristic extraction after the LLM failed
+    heuristic_chunks: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    not_sent: str = ""  # why none of the document's chunks was sent (PII masking failed)
+
+    def figures(self) -> dict:
+        figures = {"rows": self.chunks, "chunks": self.chunks, "skeleton_chunks": self.skeleton_chunks,
+                   "llm_calls": self.llm_calls, "cache_hits": self.cache_hits, "llm_failures": self.llm_failures,
+                   "heuristic_chunks": self.heuristic_chunks, "prompt_tokens": self.prompt_tokens,
+                   "completion_tokens": self.completion_tokens}
+        if self.not_sent:
+            figures["not_sent"] = self.not_sent
+        return figures
+
+
+def chunk_inputs(chunks: pl.DataFrame) -> list[ChunkInput]:
+    return [ChunkInput(r["chunk_id"], r["doc_id"], r["text"], r["heading_path"] or "")
+            for r in chunks.select("chunk_id", "doc_id", "text", "heading_path").iter_rows(named=True)]
+
+
+def _cache_text(llm: Extractor, chunk: ChunkInput) -> str:
+    """What an extraction depends on besides model and prompt version (the extractor says, if it can)."""
+    method = getattr(llm, "cache_text", None)
+    return method(chunk) if method else f"{chunk.heading_path}\n{chunk.text}"
+
+
+def _masking_problem(llm: Extractor, chunks: Sequence[ChunkInput], masker: Callable | None) -> str:
+    """Every chunk to be sent is masked first; one that cannot be keeps the whole document from the LLM.
+    The extractor masks each message it sends (OpenAIExtractor(masker=...), which its prompt version
+    records); `masker` is used when the extractor has none of its own."""
+    user_message = getattr(llm, "user_message", None) if getattr(llm, "masker", None) is not None else None
+    if user_message is None and masker is None:
+        return ""
+    for chunk in chunks:
+        try:
+            user_message(chunk) if user_message is not None else masker(chunk.text)
+        except Exception as error:  # noqa: BLE001 - any masking failure means: send nothing
+            return (f"PII masking failed on chunk {chunk.chunk_id} ({type(error).__name__}: {error}); "
+                    "none of the document's chunks was sent to the LLM")
+    return ""
+
+
+def _ledger_row(llm: Extractor, outcome: ExtractionOutcome, chunk: ChunkInput, run_id: str, cache_hit: bool) -> dict:
+    row = getattr(llm, "ledger_row", None)
+    if row is not None:
+        return row(outcome, chunk, run_id=run_id, stage=EXTRACTION_STAGE, cache_hit=cache_hit)
+    return {"run_id": run_id, "stage": EXTRACTION_STAGE, "doc_id": chunk.doc_id, "chunk_id": chunk.chunk_id,
+            "model": llm.model, "prompt_tokens": outcome.prompt_tokens, "completion_tokens": outcome.completion_tokens,
+            "seconds": float(outcome.seconds), "cache_hit": cache_hit, "outcome": outcome.outcome,
+            "attempts": 0 if cache_hit else outcome.attempts}
+
+
+def _row(chunk: ChunkInput, extraction: ChunkExtraction, extractor: str, model: str, prompt_version: str,
+         extracted_at: datetime, in_skeleton: bool, outcome: str = "ok", error: str | None = None,
+         cache_hit: bool = False, attempts: int = 0) -> dict:
+    return {"chunk_id": chunk.chunk_id, "doc_id": chunk.doc_id, "extractor": extractor, "model": model,
+            "prompt_version": prompt_version, "extracted_at": extracted_at, "outcome": outcome, "error": error,
+            "in_skeleton": in_skeleton, "cache_hit": cache_hit, "attempts": attempts,
+            "extraction": json.dumps(extraction.model_dump(mode="json"), ensure_ascii=False, sort_keys=True)}
+
+
+def _heuristic_row(heuristic: Extractor, chunk: ChunkInput, in_skeleton: bool, outcome: str = "ok",
+                   error: str | None = None, attempts: int = 0) -> dict:
+    result = heuristic.extract(chunk)
+    return _row(chunk, result.extraction, heuristic.name, heuristic.model, heuristic.prompt_version, _now(),
+                in_skeleton, outcome, error, attempts=attempts)
+
+
+def extract_documents(doc_ids: Iterable[str], store: ExtractStore, skeleton: set[str], llm: Extractor | None,
+                      heuristic: Extractor, cache: ExtractionCache | None, ledger: CostLedger | None, run_id: str,
+                      masker: Callable | None = None, progress: Progress | None = None) -> StageResult:
+    """Extract every chunk of the documents and write their `extractions` Parquet.
+
+    skeleton: the chunk ids currently selected for LLM extraction. llm: None means heuristic only. A cache
+    hit costs no call; a call that fails after the extractor's retries leaves the chunk its heuristic
+    extraction, with the failure in `outcome` and `error`. masker: applied by the caller's extractor
+    (OpenAIExtractor(masker=...)); here only checked up front for the whole document, so a document whose
+    masking fails sends nothing. Figures per document: ExtractionTally."""
+    result = StageResult()
+    doc_ids = list(doc_ids)
+    frames = {d: store.read(CHUNKS, d) for d in doc_ids}
+    report.start("extracting", sum(f.height for f in frames.values()), "chunks")
+    for doc_id, chunks in frames.items():
+        tally = ExtractionTally(chunks=chunks.height)
+        inputs = chunk_inputs(chunks)
+        selected = [c for c in inputs if c.chunk_id in skeleton]
+        tally.skeleton_chunks = len(selected)
+        tally.not_sent = _masking_problem(llm, selected, masker) if llm is not None and selected else ""
+        rows, ledger_rows = [], []
+        for chunk in inputs:
+            in_skeleton = chunk.chunk_id in skeleton
+            if llm is None or not in_skeleton or tally.not_sent:
+                outcome = "not sent: masking failed" if (llm is not None and in_skeleton and tally.not_sent) else "ok"
+                rows.append(_heuristic_row(heuristic, chunk, in_skeleton, outcome,
+                                           tally.not_sent if outcome != "ok" else None))
+                tally.heuristic_chunks += 1
+                report.advance("extracting")
+                continue
+            key = key_for(_cache_text(llm, chunk), llm.model, llm.prompt_version)
+            entry = cache.entry(key) if cache is not None else None
+            if entry is not None:
+                extraction, meta = entry
+                try:
+                    extracted_at = datetime.fromisoformat(meta["extracted_at"])
+                except (KeyError, TypeError, ValueError):
+                    extracted_at = _now()
+                rows.append(_row(chunk, extraction, llm.name, llm.model, llm.prompt_version, extracted_at, True,
+                                 cache_hit=True))
+                ledger_rows.append(_ledger_row(llm, ExtractionOutcome(extraction, llm.name, llm.model,
+                                                                      llm.prompt_version, attempts=0), chunk,
+                                               run_id, cache_hit=True))
+                tally.cache_hits += 1
+                report.advance("extracting")
+                continue
+            outcome = llm.extract(chunk)
+            ledger_rows.append(_ledger_row(llm, outcome, chunk, run_id, cache_hit=False))
+            tally.llm_calls += 1
+            tally.prompt_tokens += outcome.prompt_tokens
+            tally.completion_tokens += outcome.completion_tokens
+            if outcome.outcome == "ok" and outcome.error is None:
+                extracted_at = _now()
+                if cache is not None:
+                    cache.put(key, outcome.extraction, {"extracted_at": extracted_at.isoformat(),
+                                                        "chunk_id": chunk.chunk_id, "extractor": llm.name})
+                rows.append(_row(chunk, outcome.extraction, outcome.extractor, outcome.model, outcome.prompt_version,
+                                 extracted_at, True, attempts=outcome.attempts))
+            else:  # the chunk keeps its heuristic extraction; the failure is on its row and in the ledger
+                tally.llm_failures += 1
+                tally.heuristic_chunks += 1
+                rows.append(_heuristic_row(heuristic, chunk, True, outcome.outcome, outcome.error or outcome.outcome,
+                                           attempts=outcome.attempts))
+            report.advance("extracting")
+        if ledger is not None and ledger_rows:
+            ledger.record(ledger_rows)  # before the extractions: a crash after a call never loses its cost
+        store.write(EXTRACTIONS, doc_id, _frame(EXTRACTIONS, rows))
+        result.done.append(doc_id)
+        result.rows += len(rows)
+        result.tokens += tally.prompt_tokens + tally.completion_tokens
+        result.figures[doc_id] = tally.figures()
+        if progress:
+            progress(1)
+    return result
+
+
+def read_skeleton(path) -> set[str]:
+    """Chunk ids of the current skeleton selection (none before the corpus index was first built)."""
+    try:
+        frame = pl.read_parquet(path, columns=["chunk_id", "selected"])
+    except FileNotFoundError:
+        return set()
+    return set(frame.filter(pl.col("selected"))["chunk_id"].to_list())
+
+
+def documents_to_reextract(diff: dict, skeleton_path, catalog: Iterable[str]) -> list[str]:
+    """Documents of the selection diff's newly selected chunks that are still indexed: only their chunks need
+    the LLM. (A chunk that left the skeleton keeps the extraction it has: it was paid for.)"""
+    newly = set(diff.get("newly_selected") or [])
+    if not newly:
+        return []
+    try:
+        frame = pl.read_parquet(skeleton_path, columns=["chunk_id", "doc_id"])
+    except FileNotFoundError:
+        return []
+    catalog = set(catalog)
+    docs = frame.filter(pl.col("chunk_id").is_in(list(newly)))["doc_id"].unique().to_list()
+    return sorted(d for d in docs if d in catalog)
+
+
+# --- 2. flatten ------------------------------------------------------------------------------------
+
+
+def statement_id(chunk_id: str, topic: str, text: str) -> str:
+    return f"st-{short_hash(f'{chunk_id}|{topic.casefold()}|{text}', 20)}"
+
+
+def topic_id(doc_id: str, name: str) -> str:
+    """Topics are scoped to one source: the same heading in two documents is two topics."""
+    return f"tp-{short_hash(f'{doc_id}|{name.casefold()}', 20)}"
+
+
+def flatten_extraction(row: dict, fact_id: Callable[[str, str, str], str],
+                       out: dict[str, dict[str, list]] | None = None) -> dict[str, dict[str, list]]:
+    """One extractions row as rows of the lexical tables (statements, topics, facts, entities, relations),
+    appended column-wise to `out` (table -> column -> values; topics are derived from statements)."""
+    if out is None:
+        out = {stage: {column: [] for column in COLUMNS[stage]} for stage in LEXICAL_STAGES if stage != TOPICS}
+    data = json.loads(row["extraction"])
+    provenance = {k: row[k] for k in PROVENANCE}
+    chunk, doc = row["chunk_id"], row["doc_id"]
+
+    def add(stage: str, values: dict) -> None:
+        for column, items in out[stage].items():
+            items.append(values[column] if column in values else provenance[column])
+
+    seen: set[str] = set()
+    for topic in data.get("topics") or []:
+        name = topic.get("name") or "general"
+        tid = topic_id(doc, name)
+        for statement in topic.get("statements") or []:
+            text = statement.get("text") or ""
+            sid = statement_id(chunk, name, text)
+            if not text or sid in seen:
+                continue
+            seen.add(sid)
+            add(STATEMENTS, {"statement_id": sid, "chunk_id": chunk, "doc_id": doc, "topic_id": tid, "topic": name,
+                             "text": text})
+            for fact in statement.get("facts") or []:
+                subject, predicate, obj = fact.get("subject"), fact.get("predicate"), fact.get("object")
+                try:
+                    identifier = fact_id(subject or "", predicate or "", obj or "")
+                except ValueError:  # a part with no letter or digit: not a fact
+                    continue
+                add(FACTS, {"fact_id": identifier, "subject": subject, "predicate": predicate, "object": obj,
+                            "statement_id": sid, "chunk_id": chunk, "doc_id": doc})
+    for entity in data.get("entities") or []:
+        if entity.get("name"):
+            add(ENTITIES, {"entity_name": entity["name"], "entity_type": entity.get("type") or "other",
+                           "description": entity.get("description") or "", "mention": entity.get("mention") or "",
+                           "chunk_id": chunk, "doc_id": doc})
+    for relation in data.get("relations") or []:
+        if relation.get("source") and relation.get("target"):
+            add(RELATIONS, {"source": relation["source"], "target": relation["target"],
+                            "predicate": relation.get("predicate") or "", "description": relation.get("description") or "",
+                            "strength": float(relation.get("strength") or 0.0), "chunk_id": chunk, "doc_id": doc})
+    return out
+
+
+def flatten_documents(doc_ids: Iterable[str], store: ExtractStore, progress: Progress | None = None) -> StageResult:
+    """Write each document's statements, topics, facts, entities and relations from its extractions.
+    Figures per document: one count per table (`rows` is the statement count)."""
+    from lexgraph.build.resolution import fact_id
+
+    result = StageResult()
+    doc_ids = list(doc_ids)
+    report.start("statements", len(doc_ids), "documents")
+    for doc_id in doc_ids:
+        columns = None
+        for row in store.read(EXTRACTIONS, doc_id).iter_rows(named=True):
+            columns = flatten_extraction(row, fact_id, columns)
+        tables = {stage: pl.DataFrame(values, schema=COLUMNS[stage]) for stage, values in (columns or {}).items()}
+        tables = {stage: tables.get(stage, _frame(stage, [])) for stage in LEXICAL_STAGES if stage != TOPICS}
+        statements = tables[STATEMENTS]
+        topics = (statements.group_by("topic_id", maintain_order=True)
+                  .agg(pl.col("topic").first().alias("name"), pl.col("doc_id").first(),
+                       pl.len().cast(pl.Int32).alias("statements"))
+                  .select(list(TOPIC_COLUMNS))) if statements.height else _frame(TOPICS, [])
+        frames = {STATEMENTS: statements, TOPICS: topics, FACTS: tables[FACTS], ENTITIES: tables[ENTITIES],
+                  RELATIONS: tables[RELATIONS]}
+        for stage, frame in frames.items():
+            store.write(stage, doc_id, frame)
+        result.done.append(doc_id)
+        result.rows += statements.height
+        result.figures[doc_id] = {"rows": statements.height, **{stage: frame.height for stage, frame in frames.items()}}
+        report.advance("statements")
+        if progress:
+            progress(1)
+    return result
+
+
+def lexical_hashes(store: ExtractStore, stage: str, doc_ids: Iterable[str]) -> dict[str, str | None]:
+    """doc_id -> hash of what a lexical stage holds for the document, with extraction times, cache hits and
+    skeleton flags left out (so a re-run that extracts the same gives the same hash); None without output."""
+    hashes: dict[str, str | None] = {}
+    for doc_id in doc_ids:
+        path = store.path(stage, doc_id)
+        try:
+            frame = pl.read_parquet(path)
+        except Exception:  # missing or damaged: no hash, and the data version says so
+            hashes[doc_id] = None
+            continue
+        kept = [c for c in frame.columns if c not in ("extracted_at", "cache_hit", "attempts", "in_skeleton")]
+        hashes[doc_id] = content_hash(frame.select(kept).write_csv())
+    return hashes
+
+
+# --- 3. load ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class LexicalGraphResult:
+    """What one build of the lexical graph loaded (node and edge counts) and embedded."""
+
+    documents: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # catalog documents without lexical tables yet
+    counts: dict[str, int] = field(default_factory=dict)
+    merges: int = 0
+    merged_surface_forms: int = 0
+    embedded: dict[str, int] = field(default_factory=dict)  # newly embedded rows per vector table
+    embedding_tokens: int = 0
+    digest: str = ""
+
+
+def read_lexical_tables(store: ExtractStore, doc_ids: Iterable[str]) -> tuple[dict[str, pl.DataFrame], list[str], list[str]]:
+    """All documents' lexical tables, concatenated per stage -> (tables, documents read, documents missing some)."""
+    parts: dict[str, list[pl.DataFrame]] = {stage: [] for stage in LEXICAL_STAGES}
+    done, missing = [], []
+    for doc_id in doc_ids:
+        if not all(store.exists(stage, doc_id) for stage in LEXICAL_STAGES):
+            missing.append(doc_id)
+            continue
+        for stage in LEXICAL_STAGES:
+            parts[stage].append(store.read(stage, doc_id))
+        done.append(doc_id)
+    tables = {stage: (pl.concat(frames, how="diagonal_relaxed").select(list(COLUMNS[stage]))
+                      if frames else _frame(stage, [])) for stage, frames in parts.items()}
+    return tables, done, missing
+
+
+def _joined(values: list[str] | None) -> str:
+    return ",".join(values or [])
+
+
+def _latest(frame: pl.DataFrame, key: str) -> pl.DataFrame:
+    return frame.group_by(key).agg(pl.col("extracted_at").max())
+
+
+def lexical_graph_frames(tables: dict[str, pl.DataFrame]) -> tuple[dict[str, pl.DataFrame], dict[str, pl.DataFrame],
+                                                                  pl.DataFrame, pl.DataFrame]:
+    """Kùzu node and edge rows of the lexical graph from the per-document tables, with resolution:
+    -> (nodes, edges, resolved entities, entity merges)."""
+    from lexgraph.build.resolution import normalise_entity_name, resolve_entities, resolve_facts, resolve_relations
+    from lexgraph.build.resolution import entity_id as entity_id_of
+
+    statements, topics, facts = tables[STATEMENTS], tables[TOPICS], tables[FACTS]
+    entity_rows, relations = tables[ENTITIES], tables[RELATIONS]
+    nodes: dict[str, pl.DataFrame] = {
+        "Statement": statements.select(pl.col("statement_id").alias("id"), "doc_id", "chunk_id", "topic_id", "text",
+                                       "extractor", "model", "prompt_version", "extracted_at").unique("id", keep="first"),
+        "Topic": topics.select(pl.col("topic_id").alias("id"), "doc_id", "name").unique("id", keep="first"),
+    }
+    resolved_facts = resolve_facts(facts)
+    fact_nodes = resolved_facts.join(_latest(facts, "fact_id"), on="fact_id", how="left")
+    nodes["Fact"] = fact_nodes.select(
+        pl.col("fact_id").alias("id"), "subject", "predicate", "object",
+        pl.col("support_count").alias("statements"), pl.col("doc_count").alias("documents"),
+        *(pl.col(f"{c}s").list.join(",").alias(c) for c in ("extractor", "model", "prompt_version")), "extracted_at")
+    entities, merges = resolve_entities(entity_rows)
+    names = entity_rows["entity_name"].unique().to_list()
+    ids = {name: entity_id_of(name) for name in names if normalise_entity_name(name)}
+    mentions = (entity_rows.filter(pl.col("entity_name").is_in(list(ids)))
+                .with_columns(pl.col("entity_name").replace_strict(ids, return_dtype=pl.Utf8).alias("entity_id")))
+    entity_nodes = entities.join(_latest(mentions, "entity_id"), on="entity_id", how="left")
+    nodes["Entity"] = entity_nodes.select(
+        pl.col("entity_id").alias("id"), "name", pl.col("entity_type").alias("type"), "description",
+        pl.col("surface_forms").alias("aliases"), pl.col("mention_count").alias("mentions"),
+        pl.col("doc_count").alias("documents"),
+        *(pl.col(f"{c}s").list.join(",").alias(c) for c in ("extractor", "model", "prompt_version")), "extracted_at")
+    related = resolve_relations(relations)
+    supports = resolved_facts.select("fact_id", "statement_ids").explode("statement_ids")
+    edges = {
+        "EXTRACTED_FROM": statements.select(pl.col("statement_id").alias("from"), pl.col("chunk_id").alias("to")).unique(),
+        "BELONGS_TO": statements.select(pl.col("statement_id").alias("from"), pl.col("topic_id").alias("to")).unique(),
+        "TOPIC_OF": topics.select(pl.col("topic_id").alias("from"), pl.col("doc_id").alias("to")).unique(),
+        "SUPPORTS": supports.select(pl.col("fact_id").alias("from"), pl.col("statement_ids").alias("to"))
+                            .drop_nulls().unique(),
+        "SUBJECT": resolved_facts.select(pl.col("subject_entity_id").alias("from"), pl.col("fact_id").alias("to")),
+        "OBJECT": resolved_facts.select(pl.col("object_entity_id").alias("from"), pl.col("fact_id").alias("to")),
+        "RELATED": related.select(pl.col("source_entity_id").alias("from"), pl.col("target_entity_id").alias("to"),
+                                  "predicate", "description", "weight"),
+        "MENTIONED_IN": (mentions.sort("chunk_id", "entity_name")
+                         .group_by("entity_id", "chunk_id", maintain_order=True)
+                         .agg(pl.col("mention").filter(pl.col("mention") != "").first().fill_null(""))
+                         .select(pl.col("entity_id").alias("from"), pl.col("chunk_id").alias("to"),
+                                 pl.col("mention").alias("description"))),
+    }
+    return nodes, edges, entities, merges
+
+
+def _embed_rows(frame: pl.DataFrame, key: str, text: str, known: pl.DataFrame, embedder) -> tuple[pl.DataFrame, int, float, pl.Series]:
+    """frame with a `vector` column: rows whose (key, text) was embedded before keep their vector, the others
+    are embedded now (long texts windowed and pooled, never truncated). -> (frame, tokens, seconds, new mask)."""
+    dimension = embedder.dimension
+    frame = frame.with_columns(pl.col(text).fill_null(""))
+    if known.height:
+        frame = frame.join(known.select(key, pl.col(text).alias("_known_text"), "vector"), on=key, how="left")
+        frame = frame.with_columns(pl.when(pl.col("_known_text") == pl.col(text)).then(pl.col("vector"))
+                                   .otherwise(None).alias("vector")).drop("_known_text")
+    else:
+        frame = frame.with_columns(pl.lit(None, pl.Array(pl.Float32, dimension)).alias("vector"))
+    new = frame["vector"].is_null()
+    texts = frame.filter(new)[text].to_list()
+    before, started = embedder.stats.tokens, time.perf_counter()
+    matrix = embedder.embed(texts, long="pool") if texts else np.zeros((0, dimension), dtype=np.float32)
+    seconds = time.perf_counter() - started
+    if texts:
+        fresh = pl.Series("vector", matrix, dtype=pl.Array(pl.Float32, dimension))
+        rows = frame.with_row_index("_row")
+        filled = rows.filter(new).with_columns(fresh)
+        frame = pl.concat([rows.filter(~new).with_columns(pl.col("vector").cast(pl.Array(pl.Float32, dimension))),
+                           filled]).sort("_row").drop("_row")
+    return frame, embedder.stats.tokens - before, seconds, new
+
+
+STATEMENT_VECTOR_COLUMNS = ["statement_id", "doc_id", "chunk_id", "topic_id", "topic", "text", "extractor", "model",
+                            "prompt_version"]
+# Statements embedded and written together: bounds memory for a document with very many statements.
+VECTOR_BATCH = 4096
+
+
+def _signatures(frame: pl.DataFrame) -> dict[str, str]:
+    """doc_id -> one hash of its statement rows (ids, text, provenance)."""
+    if frame.height == 0:
+        return {}
+    parts = [pl.col(c).cast(pl.Utf8).fill_null("") for c in STATEMENT_VECTOR_COLUMNS if c != "doc_id"]
+    joined = (frame.sort("statement_id").group_by("doc_id")
+              .agg(pl.concat_str(parts, separator="\x1f").str.join("\x1e").alias("rows")))
+    return {doc: content_hash(rows) for doc, rows in joined.iter_rows()}
+
+
+def update_statement_vectors(statements: pl.DataFrame, vectors, embedder,
+                             run_id: str = "") -> tuple[int, int, list[dict], dict[str, str]]:
+    """Bring the LanceDB statements table to these statements: rows of removed documents are deleted, and only
+    documents whose statements changed are rewritten, in batches, embedding only statements not embedded
+    before. -> (statements embedded, tokens, one ledger row per document embedded, doc_id -> signature)."""
+    from lexgraph.build.pipeline import ledger_rows
+    from lexgraph.storage.vector_store import _quote
+
+    current = statements.unique("statement_id", keep="first").select(STATEMENT_VECTOR_COLUMNS)
+    stored = vectors.scan(STATEMENT_VECTORS, STATEMENT_VECTOR_COLUMNS)
+    now, before = _signatures(current), _signatures(stored) if stored.height else {}
+    vectors.delete_rows(STATEMENT_VECTORS, "doc_id", [d for d in before if d not in now])
+    embedded = tokens = 0
+    rows: list[dict] = []
+    for doc_id in sorted(d for d in now if before.get(d) != now[d]):
+        own = current.filter(pl.col("doc_id") == doc_id)
+        known = (vectors.scan(STATEMENT_VECTORS, ["statement_id", "text", "vector"], f"doc_id = {_quote(doc_id)}")
+                 if doc_id in before else pl.DataFrame())
+        vectors.delete_rows(STATEMENT_VECTORS, "doc_id", [doc_id])
+        doc_tokens, doc_seconds, doc_new = 0, 0.0, 0
+        for start in range(0, own.height, VECTOR_BATCH):
+            part, used, seconds, new = _embed_rows(own.slice(start, VECTOR_BATCH), "statement_id", "text", known,
+                                                   embedder)
+            vectors.add_rows(STATEMENT_VECTORS, part)
+            doc_tokens, doc_seconds, doc_new = doc_tokens + used, doc_seconds + seconds, doc_new + int(new.sum())
+        if doc_new:
+            rows += ledger_rows(STATEMENT_EMBEDDING_STAGE, embedder.model_name, run_id, [doc_id], [1], doc_tokens,
+                                doc_seconds)
+        embedded, tokens = embedded + doc_new, tokens + doc_tokens
+    return embedded, tokens, rows, now
+
+
+def build_lexical_graph(doc_ids: Sequence[str], store: ExtractStore, graph, vectors, embedder,
+                        ledger: CostLedger | None = None, run_id: str = "", merges_path=None) -> LexicalGraphResult:
+    """(Re)build the lexical graph of these documents (the catalog) from their Parquet tables: every Statement,
+    Topic, Fact and Entity node with its edges in Kùzu, statement and entity vectors in LanceDB (only new or
+    changed texts are embedded; each embedding call is a ledger row), entity merges to `merges_path`.
+    No LLM is called: a removed document's statements, and the facts and entities only it supported, are
+    simply not rebuilt."""
+    result = LexicalGraphResult()
+    report.start("lexical graph", 1, "build")
+    tables, result.documents, result.missing = read_lexical_tables(store, doc_ids)
+    nodes, edges, entities, merges = lexical_graph_frames(tables)
+    graph.replace_lexical_graph(nodes, edges)
+    result.counts = {table: graph.count(table) for table in (*nodes, *edges)}
+    shape = [*sorted(nodes["Fact"]["id"].to_list()), *sorted(nodes["Entity"]["id"].to_list()),
+             *sorted(f"{a}>{b}" for a, b in edges["RELATED"].select("from", "to").iter_rows())]
+    del nodes, edges  # a large corpus: keep only what the vectors need
+    result.merges = merges.height
+    result.merged_surface_forms = int(merges["mention_count"].sum() or 0)
+    if merges_path is not None:
+        from pathlib import Path
+
+        Path(merges_path).parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(merges_path).with_suffix(".tmp")
+        merges.write_parquet(partial)
+        partial.replace(merges_path)
+    # vectors: statement text (per document, only documents whose statements changed), and an entity's
+    # "name: description"
+    result.embedded["statements"], tokens, rows, signatures = update_statement_vectors(
+        tables[STATEMENTS], vectors, embedder, run_id)
+    result.embedding_tokens += tokens
+    entity_rows = entities.select("entity_id", "name", "entity_type", "description", "mention_count", "doc_count").with_columns(
+        pl.format("{}: {}", "name", pl.col("description").str.split("\n").list.first().fill_null(""))
+        .str.strip_chars(": ").alias("text"))
+    entity_rows, tokens, seconds, new = _embed_rows(entity_rows, "entity_id", "text",
+                                                    vectors.known_vectors(ENTITY_VECTORS, "entity_id", "text"), embedder)
+    vectors.replace_table(ENTITY_VECTORS, entity_rows)
+    if tokens or new.any():
+        rows.append({"run_id": run_id or "direct", "stage": ENTITY_EMBEDDING_STAGE, "model": embedder.model_name,
+                     "prompt_tokens": tokens, "seconds": seconds, "attempts": 1})
+    result.embedded["entities"] = int(new.sum())
+    result.embedding_tokens += tokens
+    if ledger is not None and rows:
+        ledger.record(rows)
+    result.digest = content_hash("\n".join([*(f"{d}={h}" for d, h in sorted(signatures.items())), *shape]))
+    report.advance("lexical graph", 1)
+    return result
+
+
+# --- extractors from the settings ----------------------------------------------------------------------
+
+
+def heuristic_extractor(settings) -> Extractor:
+    from lexgraph.extract.heuristic import HeuristicExtractor
+
+    return HeuristicExtractor(settings.entity_types)
+
+
+def pii_masker(settings) -> Callable | None:
+    """lexgraph.extract.pii.mask_pii when LEXGRAPH_PII_MASKING=on, else None."""
+    if not settings.pii_masking_enabled:
+        return None
+    from lexgraph.extract.pii import mask_pii
+
+    return mask_pii
+
+
+def llm_config(settings):
+    """The LLM client configuration: endpoint, model, key and entity types from the settings; timeouts and
+    retries from LexGraph's LLM variables (LEXGRAPH_LLM_TIMEOUT, ...) when set."""
+    from lexgraph.extract.llm import LLMConfig
+
+    return LLMConfig.from_env(base_url=settings.llm_base_url or None, model=settings.llm_model,
+                              api_key=settings.llm_api_key or None, entity_types=tuple(settings.entity_types))
+
+
+def llm_extractor(settings) -> Extractor | None:
+    """The `openai` extractor when an endpoint is configured (settings.extractor), else None (heuristic only)."""
+    if settings.extractor != "openai":
+        return None
+    from lexgraph.extract.llm import OpenAIExtractor
+
+    return OpenAIExtractor(llm_config(settings), masker=pii_masker(settings))
+
+
+def llm_prompt_version(settings) -> str:
+    """The prompt version the `openai` extractor would have under these settings, computed without a client
+    (equal to OpenAIExtractor(...).prompt_version): for code versions."""
+    from lexgraph.extract.llm import SYSTEM_PROMPT, USER_TEMPLATE, compute_prompt_version
+    from lexgraph.extract.schemas import extraction_model
+
+    model = extraction_model(tuple(settings.entity_types))
+    system = SYSTEM_PROMPT.replace("{entity_types}", ", ".join(model.entity_types))
+    masker = pii_masker(settings)
+    masking = None if masker is None else getattr(masker, "__qualname__", type(masker).__name__)
+    return compute_prompt_version(system, model.entity_types, model, USER_TEMPLATE, masking)
+
+
+def extractor_signature(settings) -> str:
+    """What shapes an extraction besides the chunk: for the extraction assets' code versions, so a model or
+    prompt change shows as a new code version."""
+    heuristic = heuristic_extractor(settings)
+    parts = [f"heuristic={heuristic.model}/{heuristic.prompt_version}", f"types={','.join(settings.entity_types)}"]
+    if settings.extractor == "openai":
+        parts.append(f"llm={settings.llm_model}/{llm_prompt_version(settings)}")
+    return "|".join(parts)
+
+
+def stale_documents(store: ExtractStore, doc_ids: Iterable[str], skeleton: set[str], llm_model: str | None,
+                    llm_prompt: str | None, heuristic: Extractor) -> dict[str, str]:
+    """doc_id -> why its extractions no longer match what the current extractors would give: a chunk without
+    an extraction, a skeleton chunk not (successfully) extracted by the current LLM model and prompt version, or
+    any other chunk not by the current heuristic rules. What `lexgraph reextract` re-runs."""
+    stale: dict[str, str] = {}
+    for doc_id in doc_ids:
+        if not store.exists(CHUNKS, doc_id):
+            continue
+        chunks = store.read(CHUNKS, doc_id)["chunk_id"].to_list()
+        if not store.exists(EXTRACTIONS, doc_id):
+            stale[doc_id] = "never extracted"
+            continue
+        rows = {r["chunk_id"]: r for r in store.read(EXTRACTIONS, doc_id).iter_rows(named=True)}
+        for chunk in chunks:
+            row = rows.get(chunk)
+            if row is None:
+                stale[doc_id] = f"chunk {chunk} has no extraction"
+                break
+            by_llm = llm_model is not None and (row["model"], row["prompt_version"], row["outcome"]) == (
+                llm_model, llm_prompt, "ok")
+            if llm_model and chunk in skeleton:
+                if not by_llm:
+                    stale[doc_id] = (f"skeleton chunk {chunk} was extracted by {row['model']}/{row['prompt_version']} "
+                                     f"({row['outcome']}), not {llm_model}/{llm_prompt}")
+                    break
+            # a chunk that left the skeleton keeps the LLM extraction it already paid for
+            elif not by_llm and (row["model"], row["prompt_version"]) != (heuristic.model, heuristic.prompt_version):
+                stale[doc_id] = (f"chunk {chunk} was extracted by {row['model']}/{row['prompt_version']}, "
+                                 f"not {heuristic.model}/{heuristic.prompt_version}")
+                break
+    return stale
