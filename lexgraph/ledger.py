@@ -20,6 +20,8 @@ from typing import Iterable, Mapping, Sequence
 
 import polars as pl
 
+from lexgraph.storage.extract_store import parquet_problem
+
 SCHEMA: dict[str, pl.DataType] = {
     "run_id": pl.String(),
     "stage": pl.String(),
@@ -112,7 +114,7 @@ class CostLedger:
         """Every row of every readable part; a damaged part is skipped with a LedgerWarning naming it."""
         frames = []
         for part in self.parts():
-            problem = _part_problem(part)
+            problem = parquet_problem(part, footer=False)  # cheap: magic bytes and footer length
             if problem is None:
                 try:
                     frame = pl.read_parquet(part)
@@ -151,20 +153,3 @@ class CostLedger:
         if not by:
             return data.select(aggregates)
         return data.group_by(by).agg(aggregates).sort(by)
-
-
-def _part_problem(path: Path) -> str | None:
-    """Cheap check of the Parquet magic at both ends; a truncated part fails it."""
-    try:
-        size = path.stat().st_size
-        if size < 12:
-            return f"truncated ({size} bytes)"
-        with open(path, "rb") as handle:
-            head = handle.read(4)
-            handle.seek(size - 4)
-            tail = handle.read(4)
-    except OSError as error:
-        return f"cannot read ({error})"
-    if head != b"PAR1" or tail != b"PAR1":
-        return "truncated or not Parquet (no PAR1 magic at both ends)"
-    return None
