@@ -11,7 +11,6 @@ are labelled `batch_*`. Data versions come from content hashes (the inbox's data
 partition is its file's sha256), so a byte-identical re-run changes no data version.
 """
 
-import hashlib
 import re
 from datetime import datetime
 
@@ -21,7 +20,7 @@ import polars as pl
 from dagster._core.definitions.external_asset import create_external_asset_from_source_asset
 
 from lexgraph.build import pipeline
-from lexgraph.ids import content_hash
+from lexgraph.ids import content_hash, file_hash
 from orchestration.partitions import GRAPH_WRITER_POOL, batched, documents
 from resources import EmbedderResource, IndexResource, InboxResource, KuzuResource, LanceDBResource
 
@@ -32,14 +31,6 @@ PREVIEW_CHUNKS = 3
 
 
 # --- the inbox, observed ------------------------------------------------------------------------
-
-def file_sha256(path) -> str:
-    """sha256 of a file's bytes, read in blocks (the same digest the sensor and the reader compute)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _observed_keys(context: dg.OpExecutionContext) -> list[str]:
@@ -56,7 +47,7 @@ def _observed_keys(context: dg.OpExecutionContext) -> list[str]:
 )
 def _inbox_source(context: dg.OpExecutionContext, inbox: InboxResource) -> dg.DataVersionsByPartition:
     files = inbox.files()
-    versions = {key: dg.DataVersion(file_sha256(files[key])) for key in _observed_keys(context)
+    versions = {key: dg.DataVersion(file_hash(files[key])) for key in _observed_keys(context)
                 if key in files and files[key].exists()}
     return dg.DataVersionsByPartition(versions)
 

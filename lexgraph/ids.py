@@ -15,6 +15,15 @@ def content_hash(data: bytes | str) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def file_hash(path) -> str:
+    """sha256 hex digest of a file's bytes, read in blocks (equal to content_hash of its bytes)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def short_hash(text: str, length: int = 10) -> str:
     return content_hash(text)[:length]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from lexgraph.extract.readers import TEXT_SUFFIXES
 from lexgraph.inbox import iter_corpus_files
-from lexgraph.ids import content_hash
+from lexgraph.ids import content_hash, file_hash
 
 # A single large file is cut into parts of at most this many characters (~1,000 word pieces).
 SPLIT_CHARS = 4000
@@ -41,19 +41,11 @@ def _slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40] or "corpus"
 
 
-def _hash_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _hash_folder(folder: Path) -> str:
     """Paths and contents of every file, so a renamed or edited file gives another index."""
     digest = hashlib.sha256()
     for path in iter_corpus_files(folder):
-        digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + _hash_file(path).encode() + b"\n")
+        digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + file_hash(path).encode() + b"\n")
     return digest.hexdigest()
 
 
@@ -68,9 +60,9 @@ def prepare_corpus(path: str | Path, cache_root: str | Path) -> PreparedCorpus:
         if not iter_corpus_files(source):
             raise BenchError(f"{source}: the corpus folder holds no files")
     elif source.suffix.lower() == ".zip":
-        kind, corpus_hash = "zip", _hash_file(source)
+        kind, corpus_hash = "zip", file_hash(source)
     elif source.suffix.lower() in TEXT_SUFFIXES:
-        kind, corpus_hash = "file", content_hash(f"{_hash_file(source)}|split{SPLITTER_VERSION}|{SPLIT_CHARS}")
+        kind, corpus_hash = "file", content_hash(f"{file_hash(source)}|split{SPLITTER_VERSION}|{SPLIT_CHARS}")
     else:
         raise BenchError(f"{source}: unsupported corpus file type {source.suffix or '(none)'}; "
                          f"expected a folder, a .zip or one of {', '.join(TEXT_SUFFIXES)}")
