@@ -234,7 +234,7 @@ def lexical_graph(context: dg.AssetExecutionContext, index: IndexResource, lance
         context.log.warning(f"{len(result.missing)} indexed document(s) have no lexical tables yet (not extracted): "
                             + ", ".join(result.missing[:10]))
     files.record_lexical_inputs(inputs)
-    files.record_built(LEXICAL_GRAPH, digest)
+    files.record_built(LEXICAL_GRAPH, digest, index.settings())
     totals = index.ledger().totals(by=["stage", "model"], run_id=context.run.run_id)
     return dg.MaterializeResult(
         metadata={"catalog_documents": len(indexed), "catalog_digest": digest, "documents": len(result.documents),

@@ -122,7 +122,7 @@ def chunk_knn_graph(context: dg.AssetExecutionContext, index: IndexResource, lan
     linked = set(result.edges["src"].to_list()) | set(result.edges["dst"].to_list())
     isolated = chunks.height - len(linked & set(chunks["chunk_id"].to_list()))
     counts = result.edges.group_by("kind").len()
-    files.record_built("chunk_knn_graph", digest)
+    files.record_built("chunk_knn_graph", digest, index.settings())
     return dg.MaterializeResult(
         metadata={
             "catalog_documents": len(indexed), "catalog_digest": digest,
@@ -175,7 +175,7 @@ def chunk_pagerank(context: dg.AssetExecutionContext, index: IndexResource) -> d
         metadata.update({"pagerank_max": float(values.max()), "pagerank_min": float(values.min()),
                          "pagerank_median": float(np.median(values)),
                          "distribution": dg.MetadataValue.md(_histogram(values))})
-    files.record_built("chunk_pagerank", digest)
+    files.record_built("chunk_pagerank", digest, index.settings())
     return dg.MaterializeResult(
         metadata=metadata, data_version=_corpus_version(context, digest),
         check_results=[dg.AssetCheckResult(check_name="pagerank_sums_to_one", passed=ok,
@@ -212,7 +212,7 @@ def skeleton_selection(context: dg.AssetExecutionContext, index: IndexResource, 
     coverage = "\n".join(["| document | chunks | selected | share |", "|---|---|---|---|"] + [
         f"| {r['doc_id']} | {r['chunks']} | {r['selected']} | {r['share']:.0%} |"
         for r in result.coverage.sort("share").head(40).iter_rows(named=True)])
-    files.record_built("skeleton_selection", digest)
+    files.record_built("skeleton_selection", digest, index.settings())
     return dg.MaterializeResult(
         metadata={"beta": beta, "chunks": ranks.height, "selected": selected, "catalog_digest": digest,
                   "newly_selected": diff["newly_selected_count"], "deselected": diff["deselected_count"],
@@ -251,7 +251,7 @@ def keyword_index(context: dg.AssetExecutionContext, index: IndexResource, lance
         dangling = graph.query("MATCH (k:Keyword) WHERE NOT EXISTS { MATCH (k)-[:KEYWORD_IN]->(:Chunk) } "
                                "RETURN count(k) AS n")["n"][0]
     vectors.replace_keywords(keyword_vectors(result.index))
-    files.record_built("keyword_index", digest)
+    files.record_built("keyword_index", digest, index.settings())
     return dg.MaterializeResult(
         metadata={"keywords": result.index.height, "keyword_chunk_links": links.height,
                   "catalog_documents": len(indexed), "catalog_digest": digest,

@@ -122,7 +122,7 @@ def ingest_folder(folder: str | Path, instance: dg.DagsterInstance, home: str | 
         catalog = vectors.indexed_hashes()
         corpus_files = CorpusFiles(settings.index_dir)
         # out of step: built from another catalog, never built, or an update failed or was killed
-        stale = corpus_files.stale_steps(catalog) if catalog or corpus_files.built_digests() else []
+        stale = corpus_files.stale_steps(catalog, settings) if catalog or corpus_files.built_digests() else []
         if corpus and (catalog != indexed or stale):
             reporter.next_run()
             reporter.start("corpus index", 1, "update")
@@ -157,7 +157,7 @@ def follow_selection(defs: dg.Definitions, instance: dg.DagsterInstance, setting
         report.failed.update({k: v for k, v in failed.items() if k not in report.failed})
     if digest and ok:
         mark_handled(files, digest)
-    if catalog and LEXICAL_GRAPH in files.stale_steps(catalog):
+    if catalog and LEXICAL_GRAPH in files.stale_steps(catalog, settings):
         result = run_lexical_graph(defs, instance, reporter)
         report.lexical_run = result.run_id
         if not result.success:
@@ -228,8 +228,8 @@ def reextract_index(instance: dg.DagsterInstance, settings: Settings,
             report.runs, report.failed, _ = run_extractions(defs, instance, sorted(report.documents),
                                                             {REASON_TAG: "extractors changed"}, reporter)
         files = CorpusFiles(settings.index_dir)
-        if catalog and (report.documents or files.stale_steps(catalog)):
-            stale = files.stale_steps(catalog)
+        if catalog and (report.documents or files.stale_steps(catalog, settings)):
+            stale = files.stale_steps(catalog, settings)
             if stale and stale != ["lexical_graph"]:  # the corpus index itself is behind: bring all of it up to date
                 _more_runs(reporter, 1)
                 reporter.next_run()

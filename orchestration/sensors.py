@@ -137,7 +137,7 @@ def corpus_index_sensor(context: dg.SensorEvaluationContext, index: IndexResourc
     vectors = lancedb.get()
     indexed = vectors.indexed_hashes()
     files = index.corpus_files()
-    stale = files.stale_steps(indexed)
+    stale = files.stale_steps(indexed, index.settings())
     if not stale:
         return dg.SkipReason(f"corpus index is current (built from the catalog of {len(indexed)} document(s))")
     if not indexed and not files.built_digests():

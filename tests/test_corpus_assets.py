@@ -46,7 +46,7 @@ def test_skeleton_builds_and_updates_incrementally(tiny_corpus, home, instance):
     assert _dangling(home) == (0, 0)
     # every corpus step recorded the catalog it was built from
     digest = catalog_digest(vectors.indexed_hashes())
-    assert files.built_digests() == dict.fromkeys(CORPUS_STEPS, digest) and files.stale_steps(vectors.indexed_hashes()) == []
+    assert files.built_digests() == dict.fromkeys(CORPUS_STEPS, digest) and files.stale_steps(vectors.indexed_hashes(), Settings.from_env(home=home)) == []
     assert knn_meta["catalog_digest"] == digest == _corpus_metadata(instance, "skeleton_selection")["catalog_digest"]
     lance_chunks = pl.from_arrow(vectors.db.open_table("chunks").to_arrow().select(["chunk_id", "pagerank", "in_skeleton"]))
     assert lance_chunks["in_skeleton"].sum() == int(0.8 * n) and lance_chunks["pagerank"].min() > 0
@@ -69,7 +69,7 @@ def test_skeleton_builds_and_updates_incrementally(tiny_corpus, home, instance):
     assert pl.read_parquet(files.skeleton)["selected"].sum() == int(0.8 * (n + 1))
     keyword_meta = _corpus_metadata(instance, "keyword_index")
     assert (keyword_meta["documents_added"], keyword_meta["documents_removed"]) == (1, 0)
-    assert files.stale_steps(vectors.indexed_hashes()) == []
+    assert files.stale_steps(vectors.indexed_hashes(), Settings.from_env(home=home)) == []
 
 
 def test_pagerank_and_skeleton_inherit_the_catalog_the_knn_graph_was_built_from(tiny_corpus, home, instance):
@@ -87,7 +87,7 @@ def test_pagerank_and_skeleton_inherit_the_catalog_the_knn_graph_was_built_from(
     # the new document's graph load marked the KNN record out of step; PageRank and skeleton inherit it
     assert files.built_digests()["chunk_knn_graph"] == RELOADED + built
     assert files.built_digests()["skeleton_selection"] == RELOADED + built
-    assert set(files.stale_steps(stores(home)[0].indexed_hashes())) == set(CORPUS_STEPS)
+    assert set(files.stale_steps(stores(home)[0].indexed_hashes(), Settings.from_env(home=home))) == set(CORPUS_STEPS)
 
 
 def test_removing_a_document_leaves_no_dangling_edges_or_keywords(tiny_corpus, home, instance):
@@ -122,3 +122,26 @@ def test_beta_extremes(tiny_corpus, home, instance, beta):
     assert selection["selected"].sum() == (0 if beta == 0 else n)
     checks = [e.event_specific_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
     assert len(checks) == 4 and all(c.passed for c in checks)
+
+
+def test_changing_beta_or_k_makes_the_corpus_steps_that_use_them_out_of_step(tiny_corpus, home, instance, monkeypatch):
+    """The catalog alone does not show a settings change: each step also records the settings it was built
+    with, so the next `lexgraph ingest` rebuilds the skeleton at the new β, and the KNN graph at the new k."""
+    ingest_folder(tiny_corpus, instance, home=str(home), progress=False)
+    files = CorpusFiles(Settings.from_env(home=home).index_dir)
+    catalog = stores(home)[0].indexed_hashes()
+    n = stores(home)[0].count("chunks")
+    monkeypatch.setenv("LEXGRAPH_BETA", "0.5")
+    assert files.stale_steps(catalog, Settings.from_env(home=home)) == ["skeleton_selection"]
+    report = ingest_folder(tiny_corpus, instance, home=str(home), progress=False)
+    assert report.corpus_index_ok and report.new == report.changed == 0
+    assert pl.read_parquet(files.skeleton)["selected"].sum() == int(0.5 * n)
+    assert _corpus_metadata(instance, "skeleton_selection")["beta"] == 0.5
+    assert files.stale_steps(catalog, Settings.from_env(home=home)) == []
+
+    monkeypatch.setenv("LEXGRAPH_KNN_K", "2")
+    assert files.stale_steps(catalog, Settings.from_env(home=home)) == ["chunk_knn_graph", "chunk_pagerank",
+                                                                         "skeleton_selection"]
+    ingest_folder(tiny_corpus, instance, home=str(home), progress=False)
+    assert _corpus_metadata(instance, "chunk_knn_graph")["k"] == 2
+    assert files.stale_steps(catalog, Settings.from_env(home=home)) == []

@@ -99,7 +99,7 @@ def store_snapshot(home: Path) -> dict:
         "lance_chunk_ids_unique": bool(chunks["chunk_id"].is_unique().all()),
         "part_of_per_chunk": (int(part_of["least"][0]), int(part_of["most"][0])),
         "next_out_at_most_one": int(next_out["most"][0] or 0) <= 1,
-        "stale_steps": files.stale_steps(catalog),
+        "stale_steps": files.stale_steps(catalog, settings),
     }
     return {"exact": exact, "approx": approx, "checks": checks}
 

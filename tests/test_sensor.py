@@ -170,7 +170,7 @@ def test_corpus_sensor_follows_every_change_of_the_catalog(tiny_corpus, home, in
 
     _run_corpus(defs, instance, request)
     files = CorpusFiles(settings.index_dir)
-    assert files.built_digests() == dict.fromkeys(files.stale_steps({}), request.tags["lexgraph/catalog_digest"])
+    assert files.built_digests() == dict.fromkeys(files.stale_steps({}, settings), request.tags["lexgraph/catalog_digest"])
     assert _corpus_tick(defs, instance).skip_message.startswith("corpus index is current")
 
     # A purge changes the catalog: the corpus follows.
@@ -189,7 +189,7 @@ def test_corpus_sensor_follows_every_change_of_the_catalog(tiny_corpus, home, in
     [emptied] = _corpus_tick(defs, instance).run_requests
     assert emptied.tags["lexgraph/catalog_digest"] == catalog_digest({})
     _run_corpus(defs, instance, emptied)
-    assert files.stale_steps({}) == []
+    assert files.stale_steps({}, settings) == []
     assert graph_counts(home, ("Chunk", "SIMILAR", "Keyword", "KEYWORD_IN")) == dict.fromkeys(
         ("Chunk", "SIMILAR", "Keyword", "KEYWORD_IN"), 0)
     assert pl.read_parquet(files.keyword_index).height == 0 and pl.read_parquet(files.edges).height == 0

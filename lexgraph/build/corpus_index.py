@@ -45,6 +45,17 @@ LEXICAL_TABLES = (STATEMENTS, TOPICS, FACTS, ENTITIES, RELATIONS)
 RELOADED = "reloaded:"
 
 
+# Key suffix, in built_from.json, of the settings a step was built with.
+WITH = "@settings"
+
+
+def step_settings(step: str, settings) -> str:
+    """The settings a corpus step's output depends on: changing one makes that step out of step, so
+    `lexgraph ingest` and the corpus sensor rebuild it (the catalog alone would not show the change)."""
+    knn = f"knn_k={settings.knn_k} knn_mode={settings.knn_mode}"
+    return {"chunk_knn_graph": knn, "chunk_pagerank": knn, "skeleton_selection": f"{knn} beta={settings.beta}"}.get(step, "")
+
+
 def catalog_digest(indexed: dict[str, str]) -> str:
     """One hash of the indexed state (doc_id -> content hash of every document in the catalog)."""
     return content_hash("\n".join(f"{doc}={digest}" for doc, digest in sorted(indexed.items())))
@@ -68,10 +79,11 @@ class CorpusFiles:
         self.reextracted = self.root / "reextracted.json"  # the selection diff whose re-extraction is done
         self.lexical_inputs = self.root / "lexical_inputs.json"  # the lexical tables the lexical graph was built from
 
-    def record_built(self, step: str, digest: str) -> None:
+    def record_built(self, step: str, digest: str, settings) -> None:
         """Written last by each corpus step, so a crash before it leaves the step out of date."""
-        built = self.built_digests()
+        built = self._read_built()
         built[step] = digest
+        built[step + WITH] = step_settings(step, settings)
         self._write_built(built)
 
     def _write_built(self, built: dict[str, str]) -> None:
@@ -84,9 +96,10 @@ class CorpusFiles:
         """Reloading a document deletes its chunks' SIMILAR and KEYWORD_IN edges, even when its content (so
         the catalog digest) is unchanged: every step is marked out of step, while PageRank and the skeleton
         can still inherit what the KNN graph was built from."""
-        built = self.built_digests()
+        built = self._read_built()
         if built:
-            self._write_built({step: d if d.startswith(RELOADED) else RELOADED + d for step, d in built.items()})
+            self._write_built({step: d if d.startswith(RELOADED) or step.endswith(WITH) else RELOADED + d
+                               for step, d in built.items()})
 
     def lexical_inputs_digest(self, doc_ids) -> str:
         """One hash of the lexical tables the lexical graph is built from (each file's size and modification
@@ -116,16 +129,22 @@ class CorpusFiles:
             return None
 
     def built_digests(self) -> dict[str, str]:
+        """Step -> the catalog digest it was built from."""
+        return {step: d for step, d in self._read_built().items() if not step.endswith(WITH)}
+
+    def _read_built(self) -> dict[str, str]:
         try:
             return json.loads(self.built_from.read_text())
         except (FileNotFoundError, ValueError):
             return {}
 
-    def stale_steps(self, indexed: dict[str, str]) -> list[str]:
-        """Corpus steps not built from this catalog: the corpus index must be updated when any is."""
+    def stale_steps(self, indexed: dict[str, str], settings) -> list[str]:
+        """Corpus steps not built from this catalog with these settings: the corpus index must be updated
+        when any is."""
         digest = catalog_digest(indexed)
-        built = self.built_digests()
-        stale = [step for step in CORPUS_STEPS if built.get(step) != digest]
+        built = self._read_built()
+        stale = [step for step in CORPUS_STEPS
+                 if built.get(step) != digest or built.get(step + WITH, "") != step_settings(step, settings)]
         if LEXICAL_GRAPH not in stale and self.lexical_inputs_digest(indexed) != self.recorded_lexical_inputs():
             stale.append(LEXICAL_GRAPH)  # documents were re-extracted since it was built
         return stale
