@@ -203,38 +203,27 @@ class _CallStats(threading.local):
     completion_tokens: int = 0
 
 
-class _Failure(Exception):
+class LLMFailure(Exception):
+    """An LLM call that failed after its retries: a short reason and the error's detail."""
+
     def __init__(self, reason: str, detail: str):
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
 
 
-class OpenAIExtractor:
-    """One chunk → one :class:`ChunkExtraction`, through instructor and an OpenAI-compatible endpoint.
+class StructuredLLM:
+    """An instructor client over one OpenAI-compatible endpoint: :meth:`call` returns a validated
+    response model or raises :class:`LLMFailure` after the transport and validation retries. Shared by
+    the extractor and the answerer, so both retry, back off and count tokens the same way."""
 
-    Thread-safe: one extractor can serve several worker threads (token and request counts are per call).
-    """
-
-    name = EXTRACTOR_NAME
-
-    def __init__(self, config: LLMConfig, *, fallback: Extractor | None = None,
-                 masker: Callable[[str], Any] | None = None, system_prompt: str = SYSTEM_PROMPT,
-                 sleep: Callable[[float], None] = time.sleep, http_client: Any = None):
+    def __init__(self, config: LLMConfig, *, sleep: Callable[[float], None] = time.sleep, http_client: Any = None):
         import instructor
         import openai
 
         config.validate()
         self.config = config
         self.model = config.model
-        self.fallback = fallback
-        self.masker = masker
-        self.entity_types = tuple(config.entity_types)
-        self.response_model = extraction_model(self.entity_types)
-        self.system_prompt = system_prompt.replace("{entity_types}", ", ".join(self.response_model.entity_types))
-        masking = None if masker is None else getattr(masker, "__qualname__", type(masker).__name__)
-        self.prompt_version = compute_prompt_version(self.system_prompt, self.response_model.entity_types,
-                                                     self.response_model, USER_TEMPLATE, masking)
         self._sleep = sleep
         api_key = config.api_key or (LOCAL_API_KEY if config.base_url else None)
         if api_key is None:
@@ -248,15 +237,16 @@ class OpenAIExtractor:
         self._client.on("completion:kwargs", self._on_request)
         self._client.on("completion:response", self._on_response)
 
-    def __repr__(self) -> str:
-        return (f"OpenAIExtractor(model={self.model!r}, base_url={self.config.base_url!r}, "
-                f"prompt_version={self.prompt_version!r})")
+    def reset_stats(self) -> _CallStats:
+        """Zero this thread's request and token counts, and return them (they fill in as calls are made)."""
+        stats = self._stats
+        stats.requests = stats.prompt_tokens = stats.completion_tokens = 0
+        return stats
 
     def close(self) -> None:
         self._openai.close()
 
-    # -- hooks: count every HTTP request and the usage of every response, retries included ---------------
-
+    # hooks: count every HTTP request and the usage of every response, retries included
     def _on_request(self, *args: Any, **kwargs: Any) -> None:
         self._stats.requests += 1
 
@@ -265,6 +255,67 @@ class OpenAIExtractor:
         if usage is not None:
             self._stats.prompt_tokens += int(getattr(usage, "prompt_tokens", 0) or 0)
             self._stats.completion_tokens += int(getattr(usage, "completion_tokens", 0) or 0)
+
+    def call(self, messages: list[dict[str, str]], response_model: type) -> Any:
+        """The validated answer, or LLMFailure after the last transport or validation retry."""
+        import instructor.core.exceptions as instructor_errors
+
+        retry_number = 0
+        while True:
+            try:
+                answer, _completion = self._client.chat.completions.create_with_completion(
+                    model=self.model, messages=[dict(m) for m in messages], response_model=response_model,
+                    max_retries=self.config.validation_retries, temperature=0, strict=False)
+                # a plain instance: without instructor's private _raw_response (memory, equality)
+                return response_model.model_validate(answer.model_dump())
+            except instructor_errors.InstructorRetryException as error:
+                cause = error.__cause__ or error
+                attempts = getattr(error, "n_attempts", None)
+            except Exception as error:  # noqa: BLE001 - classified below
+                cause, attempts = error, None
+            transient, reason, delay_hint = _classify(cause, attempts)
+            if not transient:
+                raise LLMFailure(reason, _describe(cause))
+            if retry_number >= self.config.max_retries:
+                raise LLMFailure(f"{reason} after {retry_number + 1} tries", _describe(cause))
+            delay = self._backoff(retry_number, delay_hint)
+            log.info("LLM %s (%s); retry %d of %d in %.2fs", reason, _describe(cause)[:200], retry_number + 1,
+                     self.config.max_retries, delay)
+            self._sleep(delay)
+            retry_number += 1
+
+    def _backoff(self, retry_number: int, retry_after: float | None) -> float:
+        cap = self.config.backoff_max_seconds
+        if retry_after is not None:
+            return max(0.0, min(retry_after, cap))
+        base = min(self.config.backoff_seconds * (2 ** retry_number), cap)
+        return base * (0.75 + 0.25 * random.random())  # jitter, so parallel workers do not retry in step
+
+
+class OpenAIExtractor(StructuredLLM):
+    """One chunk → one :class:`ChunkExtraction`, through instructor and an OpenAI-compatible endpoint.
+
+    Thread-safe: one extractor can serve several worker threads (token and request counts are per call).
+    """
+
+    name = EXTRACTOR_NAME
+
+    def __init__(self, config: LLMConfig, *, fallback: Extractor | None = None,
+                 masker: Callable[[str], Any] | None = None, system_prompt: str = SYSTEM_PROMPT,
+                 sleep: Callable[[float], None] = time.sleep, http_client: Any = None):
+        super().__init__(config, sleep=sleep, http_client=http_client)
+        self.fallback = fallback
+        self.masker = masker
+        self.entity_types = tuple(config.entity_types)
+        self.response_model = extraction_model(self.entity_types)
+        self.system_prompt = system_prompt.replace("{entity_types}", ", ".join(self.response_model.entity_types))
+        masking = None if masker is None else getattr(masker, "__qualname__", type(masker).__name__)
+        self.prompt_version = compute_prompt_version(self.system_prompt, self.response_model.entity_types,
+                                                     self.response_model, USER_TEMPLATE, masking)
+
+    def __repr__(self) -> str:
+        return (f"OpenAIExtractor(model={self.model!r}, base_url={self.config.base_url!r}, "
+                f"prompt_version={self.prompt_version!r})")
 
     # -- the prompt -----------------------------------------------------------------------------------------
 
@@ -290,8 +341,7 @@ class OpenAIExtractor:
 
     def extract(self, chunk: ChunkInput) -> ExtractionOutcome:
         started = time.monotonic()
-        stats = self._stats
-        stats.requests = stats.prompt_tokens = stats.completion_tokens = 0
+        stats = self.reset_stats()
         try:
             user = self.user_message(chunk)
         except Exception as error:  # noqa: BLE001 - any masking failure means: do not send
@@ -301,48 +351,14 @@ class OpenAIExtractor:
                                      seconds=time.monotonic() - started, outcome=f"not sent: masking failed: {detail}",
                                      attempts=0, error=detail)
         try:
-            extraction = self._call_with_retries(self.messages(user))
-        except _Failure as failure:
+            extraction = self.call(self.messages(user), self.response_model)
+        except LLMFailure as failure:
             return self._failed(chunk, failure, started)
         return ExtractionOutcome(extraction, self.name, self.model, self.prompt_version,
                                  prompt_tokens=stats.prompt_tokens, completion_tokens=stats.completion_tokens,
                                  seconds=time.monotonic() - started, outcome="ok", attempts=stats.requests)
 
-    def _call_with_retries(self, messages: list[dict[str, str]]) -> ChunkExtraction:
-        import instructor.core.exceptions as instructor_errors
-
-        retry_number = 0
-        while True:
-            try:
-                extraction, _completion = self._client.chat.completions.create_with_completion(
-                    model=self.model, messages=[dict(m) for m in messages], response_model=self.response_model,
-                    max_retries=self.config.validation_retries, temperature=0, strict=False)
-                # a plain instance: without instructor's private _raw_response (memory, equality)
-                return self.response_model.model_validate(extraction.model_dump())
-            except instructor_errors.InstructorRetryException as error:
-                cause = error.__cause__ or error
-                attempts = getattr(error, "n_attempts", None)
-            except Exception as error:  # noqa: BLE001 - classified below
-                cause, attempts = error, None
-            transient, reason, delay_hint = _classify(cause, attempts)
-            if not transient:
-                raise _Failure(reason, _describe(cause))
-            if retry_number >= self.config.max_retries:
-                raise _Failure(f"{reason} after {retry_number + 1} tries", _describe(cause))
-            delay = self._backoff(retry_number, delay_hint)
-            log.info("LLM %s (%s); retry %d of %d in %.2fs", reason, _describe(cause)[:200], retry_number + 1,
-                     self.config.max_retries, delay)
-            self._sleep(delay)
-            retry_number += 1
-
-    def _backoff(self, retry_number: int, retry_after: float | None) -> float:
-        cap = self.config.backoff_max_seconds
-        if retry_after is not None:
-            return max(0.0, min(retry_after, cap))
-        base = min(self.config.backoff_seconds * (2 ** retry_number), cap)
-        return base * (0.75 + 0.25 * random.random())  # jitter, so parallel workers do not retry in step
-
-    def _failed(self, chunk: ChunkInput, failure: _Failure, started: float) -> ExtractionOutcome:
+    def _failed(self, chunk: ChunkInput, failure: LLMFailure, started: float) -> ExtractionOutcome:
         stats = self._stats
         log.warning("LLM extraction of chunk %s failed: %s (%s)", chunk.chunk_id, failure.reason, failure.detail[:300])
         error = f"{self.model}: {failure.reason}: {failure.detail}"
