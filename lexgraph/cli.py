@@ -187,6 +187,66 @@ def cmd_search(args: argparse.Namespace) -> int:
     return 0
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 65535, got {value}")
+    return value
+
+
+def _empty_index_message(error: Exception) -> str:
+    return f"error: {error}; run `lexgraph ingest PATH` with the same LEXGRAPH_* settings first"
+
+
+def cmd_ask(args: argparse.Namespace) -> int:
+    """One question: the answer and its numbered citations, or with --json exactly the answer JSON."""
+    import json
+
+    from lexgraph.index import EmptyIndexError
+    from lexgraph.query.service import QueryError, QueryService
+
+    service = QueryService(_settings(args))
+    try:
+        answer = service.ask(args.question, route=args.route)
+    except QueryError as error:
+        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+        return 2
+    except EmptyIndexError as error:
+        print(_empty_index_message(error), file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(answer, ensure_ascii=False))
+        return 0
+    print(answer["answer"] if answer.get("answer") else "(no answer)")
+    for number, citation in enumerate(answer.get("citations") or [], 1):
+        page = f" p. {citation['page']}" if citation.get("page") is not None else ""
+        text = " ".join(str(citation.get("text") or "").split())
+        text = text if len(text) <= 300 else text[:299] + "…"
+        print(f"  {number}. [{citation['id']}] {citation['source']}{page} "
+              f"[chars {citation['char_start']}–{citation['char_end']}]: \"{text}\"")
+    flags = "".join(f"  {flag}" for flag in ("abstained", "uncertain") if answer.get(flag))
+    confidence = answer.get("confidence")
+    confidence = f"{confidence:.2f}" if isinstance(confidence, (int, float)) else confidence
+    print(f"route: {answer.get('route')}  confidence: {confidence}{flags}  query id: {answer.get('query_id')}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from lexgraph.query.http_api import ServeError, check_bind, resolve_token, serve
+
+    token = resolve_token(args.token)
+    try:
+        check_bind(args.host, token)  # before the settings, the service or uvicorn are loaded
+        serve(_settings(args), args.host, args.port, token)
+    except ServeError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from lexgraph.evaluation.bench import command
 
@@ -222,6 +282,19 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--method", choices=METHODS, default="hybrid",
                         help="retrieval method (default hybrid: dense + BM25 + keyword fused)")
     search.set_defaults(func=cmd_search)
+    ask = sub.add_parser("ask", help="answer a question with citations (extractive without an LLM)")
+    ask.add_argument("question")
+    ask.add_argument("--route", choices=("auto", "semantic", "graph", "agentic"), default="auto",
+                     help="retrieval route (default auto: the router decides)")
+    ask.add_argument("--json", action="store_true", help="print the answer JSON (one object) instead of text")
+    ask.set_defaults(func=cmd_ask)
+    serve = sub.add_parser("serve", help="HTTP API: POST /ask, GET /provenance/{id}, GET /health (FastAPI, uvicorn)")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default 127.0.0.1); any non-loopback host needs a token")
+    serve.add_argument("--port", type=_port, default=8000, help="port (default 8000)")
+    serve.add_argument("--token", help="bearer token required by every endpoint but /health "
+                       "(default $LEXGRAPH_SERVE_TOKEN; the variable keeps it out of the process list)")
+    serve.set_defaults(func=cmd_serve)
     bench = sub.add_parser("bench", help="retrieval benchmark: dense, BM25, keyword and hybrid side by side")
     bench.add_argument("--corpus", required=True, help="folder of .txt/.md files, a .zip of them, or one text file")
     bench.add_argument("--questions", required=True, help="JSON questions (LiHua-World object or list of {id, question, answer})")
