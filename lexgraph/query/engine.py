@@ -1,0 +1,178 @@
+"""Question → route → evidence → answer, in memory, with the router's recovery rules (DESIGN §5).
+
+Routes:
+- semantic: the hybrid ranking (dense + BM25 + keyword fused);
+- graph: rank fusion of the keyword, entity and statement channels with the hybrid ranking, each
+  channel given its θ share of the context;
+- agentic: the question split into steps (by the LLM when one is configured, else at its clauses),
+  each step retrieved on the semantic route, the rankings merged by rank fusion.
+
+Recovery:
+- too little evidence on the semantic route (its best sentence covers less of the question than the
+  answerer's abstention threshold) → the graph route, logged as a retry;
+- graph expansion over budget (the traversal reached its node limit) → cut to 2 hops, and the answer
+  is marked uncertain;
+- an agentic step failing 3 times → the question goes to the human-review queue (the caller persists
+  it) and the answer abstains;
+- no evidence → abstain.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from lexgraph.query.answer import Answer, ExtractiveAnswerer, _Terms, abstention, best_sentence
+from lexgraph.query.context import Context, build_context
+from lexgraph.query.retrieval import METHODS, Retriever, reciprocal_rank_fusion, sub_queries
+from lexgraph.query.router import ROUTES, RouteDecision, Router
+
+ROUTE_CHOICES = ("auto", *ROUTES)
+STEP_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class QueryParams:
+    budget: int = 2048  # context tokens handed to the answerer
+    graph_channels: tuple[tuple[str, float], ...] = (("keyword", 0.3), ("entity", 0.15), ("statement", 0.15),
+                                                     ("hybrid", 0.0))
+    rrf_k: float = 60.0
+    fusion_depth: int = 50
+    max_question_chars: int = 4000  # longer questions are refused (the embedder windows anyway)
+
+
+class StepFailed(RuntimeError):
+    """An agentic step failed STEP_ATTEMPTS times: the question needs a person."""
+
+
+@dataclass
+class Retrieval:
+    route: str
+    decision: RouteDecision | None
+    scores: np.ndarray
+    context: Context
+    retries: list[dict] = field(default_factory=list)
+    uncertain: bool = False
+    steps: list[str] = field(default_factory=list)
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    review: str | None = None  # why the question went to the human-review queue
+
+
+class QueryEngine:
+    """One loaded index; thread-safe for concurrent questions (every call only reads the index)."""
+
+    def __init__(self, retriever: Retriever, router: Router | None, answerer, params: QueryParams | None = None,
+                 decompose: Callable[[str], list[str]] | None = None):
+        self.retriever, self.router, self.answerer = retriever, router, answerer
+        self.params = params or QueryParams()
+        self.decompose = decompose or clause_steps
+        self.thin_below = getattr(answerer, "abstain_below", None) or ExtractiveAnswerer(retriever.index.bm25).abstain_below
+        self.available = [m for m in METHODS if m not in ("dense", "bm25")]
+
+    # -- routing ----------------------------------------------------------------------------------------
+
+    def decide(self, question: str, route: str = "auto") -> tuple[str, RouteDecision | None]:
+        if route not in ROUTE_CHOICES:
+            raise ValueError(f"unknown route {route!r}; expected one of {', '.join(ROUTE_CHOICES)}")
+        if route != "auto":
+            return route, None
+        if self.router is None:
+            return "semantic", None
+        decision = self.router.route(question, self.retriever.embed(question))
+        return decision.route, decision
+
+    def retrieve(self, question: str, route: str = "auto") -> Retrieval:
+        started = time.perf_counter()
+        chosen, decision = self.decide(question, route)
+        latency = {"route": _ms(started)}
+        result = self._run(question, chosen, decision, latency)
+        if chosen == "semantic" and self._thin(question, result.context):
+            retry = self._run(question, "graph", decision, latency)
+            retry.retries = [{"from": "semantic", "to": "graph", "reason": "too little evidence on the semantic "
+                              "route (best sentence below the evidence threshold)"}]
+            result = retry
+        latency["total"] = _ms(started)
+        return result
+
+    def _run(self, question: str, route: str, decision: RouteDecision | None, latency: dict) -> Retrieval:
+        started = time.perf_counter()
+        if route == "semantic":
+            scores = self.retriever.scores("hybrid", question)
+            result = Retrieval(route, decision, scores, self._context(scores))
+        elif route == "graph":
+            result = self._graph(question, decision)
+        else:
+            result = self._agentic(question, decision)
+        latency[route] = _ms(started)
+        result.latency_ms = latency
+        return result
+
+    def _graph(self, question: str, decision: RouteDecision | None) -> Retrieval:
+        p = self.params
+        wanted = [(name, share) for name, share in p.graph_channels if name in self.available]
+        channels = {name: self.retriever.scores(name, question) for name, _ in wanted}
+        uncertain = False
+        expansion = getattr(self.retriever, "last_expansion", None)
+        if expansion and expansion.get("over_budget"):  # the statement traversal hit its node limit
+            narrowed = self.retriever.with_hops(2) if hasattr(self.retriever, "with_hops") else None
+            if narrowed is not None:
+                channels["statement"] = narrowed.scores("statement", question)
+            uncertain = True
+        fused = reciprocal_rank_fusion([(s, 1.0) for s in channels.values()], self.retriever.index.size,
+                                       p.rrf_k, p.fusion_depth)
+        context = self._context(fused, channels, dict(wanted))
+        return Retrieval("graph", decision, fused, context, uncertain=uncertain)
+
+    def _agentic(self, question: str, decision: RouteDecision | None) -> Retrieval:
+        steps = self._step("decompose the question", lambda: self.decompose(question)) or [question]
+        rankings = [(self.retriever.scores("hybrid", question), 1.0)]
+        for step in steps:
+            rankings.append((self._step(step, lambda: self.retriever.scores("hybrid", step)), 1.0))
+        fused = reciprocal_rank_fusion(rankings, self.retriever.index.size, self.params.rrf_k,
+                                       self.params.fusion_depth)
+        return Retrieval("agentic", decision, fused, self._context(fused), steps=steps)
+
+    @staticmethod
+    def _step(step: str, run: Callable):
+        errors = []
+        for _ in range(STEP_ATTEMPTS):
+            try:
+                return run()
+            except Exception as error:  # noqa: BLE001 - a step is retried, then handed to a person
+                errors.append(f"{type(error).__name__}: {error}")
+        raise StepFailed(f"step {step!r} failed {STEP_ATTEMPTS} times: {errors[-1]}")
+
+    def _context(self, fused: np.ndarray, channels: dict | None = None, shares: dict | None = None) -> Context:
+        return build_context(self.retriever.index, fused, channels, shares, self.params.budget)
+
+    def _thin(self, question: str, context: Context) -> bool:
+        if not context.items:
+            return True
+        found = best_sentence(question, context.items, _Terms(question, self.retriever.index.bm25))
+        return found is None or found[0] < self.thin_below
+
+    # -- answering --------------------------------------------------------------------------------------
+
+    def answer(self, question: str, route: str = "auto") -> tuple[Retrieval, Answer]:
+        try:
+            retrieval = self.retrieve(question, route)
+        except StepFailed as failure:
+            empty = np.full(self.retriever.index.size, -np.inf)
+            retrieval = Retrieval("agentic", None, empty, Context([], self.params.budget, 0, {}),
+                                  review=str(failure))
+            return retrieval, abstention(f"sent to human review: {failure}", self.answerer.name)
+        started = time.perf_counter()
+        answer = self.answerer.answer(question, retrieval.context)
+        retrieval.latency_ms["answer"] = _ms(started)
+        return retrieval, answer
+
+
+def clause_steps(question: str) -> list[str]:
+    """LLM-free decomposition: the question's clauses ([] for a one-clause question)."""
+    return sub_queries(question)
+
+
+def _ms(since: float) -> float:
+    return round((time.perf_counter() - since) * 1000, 2)

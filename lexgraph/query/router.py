@@ -1,0 +1,159 @@
+"""The question router: semantic, graph or agentic, decided from cheap features and labelled exemplars.
+
+Features a reader would use to tell the routes apart: how long the question is, how many clauses it
+splits into, temporal and sequence connectives ("before", "and then"), comparison and aggregation
+words, relation words ("connected to", "between"), how many names it holds, and the question word.
+Beside them, the question's similarity to the exemplars of each route (the best and the mean of the
+five nearest, cosine of the query embeddings). A multinomial logistic regression over both is fitted
+on the exemplars when the router is built (a few hundred rows: milliseconds), so new exemplars need
+no code change. No LLM is needed; confidence is the winning route's probability.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from lexgraph.query.retrieval import sub_queries, tokenize
+
+ROUTES = ("semantic", "graph", "agentic")
+SAMPLE = Path(__file__).resolve().parents[2] / "sample"
+# The shipped exemplars (written for the sample corpus; LiHua-World's are added only by the benchmark).
+EXEMPLAR_FILES = ("questions.router.json", "questions.agentic.json")
+
+_TEMPORAL = re.compile(r"\b(before|after|when|while|once|until|since|earlier|later|first|last)\b", re.I)
+_SEQUENCE = re.compile(r"\b(then|and then|next|afterwards|followed|step|finally)\b", re.I)
+_COMPARE = re.compile(r"\b(compare|compared|comparison|versus|vs|more|less|fewer|larger|smaller|bigger|older|"
+                      r"younger|both|either|neither|difference|differ|same|than|which of|whichever)\b", re.I)
+_AGGREGATE = re.compile(r"\b(how many|total|sum|count|all the|every|each|across|combined|altogether|average)\b",
+                        re.I)
+_RELATION = re.compile(r"\b(connected|connection|related|relationship|relation|link|links|linked|between|"
+                       r"associated|involved|partner|owns|owned|supplies|supplied|works? (?:for|with))\b", re.I)
+_NAME = re.compile(r"\b[A-Z][\w'’-]+")
+_WH = ("who", "what", "when", "where", "which", "why", "how", "did", "does", "is", "was", "are", "were", "can")
+
+
+@dataclass(frozen=True)
+class Exemplar:
+    question: str
+    route: str
+
+
+@dataclass(frozen=True)
+class RouteDecision:
+    route: str
+    confidence: float
+    reason: str
+    probabilities: dict[str, float]
+
+
+def load_exemplars(paths: Iterable[Path]) -> list[Exemplar]:
+    """Exemplars from JSON lists of {question, route}; a missing file is skipped, a bad one raises ValueError."""
+    out = []
+    for path in paths:
+        if not Path(path).exists():
+            continue
+        try:
+            records = json.loads(Path(path).read_text(encoding="utf-8"))
+            out += [Exemplar(r["question"], r["route"]) for r in records if r.get("route") in ROUTES]
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise ValueError(f"{path}: not a list of {{question, route}} exemplars ({error})") from None
+    return out
+
+
+def default_exemplars() -> list[Exemplar]:
+    return load_exemplars(SAMPLE / name for name in EXEMPLAR_FILES)
+
+
+def features(question: str) -> np.ndarray:
+    words = tokenize(question, False)
+    lowered = question.strip().lower()
+    first = lowered.split(" ", 1)[0] if lowered else ""
+    names = {m.group() for m in _NAME.finditer(question[1:])}  # the first word is capitalised anyway
+    return np.array([
+        min(len(question.split()), 60) / 30,
+        len(sub_queries(question)) / 2,
+        len(_TEMPORAL.findall(question)) / 2,
+        len(_SEQUENCE.findall(question)),
+        len(_COMPARE.findall(question)) / 2,
+        len(_AGGREGATE.findall(question)),
+        len(_RELATION.findall(question)),
+        min(len(names), 8) / 4,
+        question.count(",") / 2,
+        question.count("?") - 1 if question.count("?") > 1 else 0,
+        len(words) / 20,
+        *[float(first == w) for w in _WH],
+    ], dtype=np.float64)
+
+
+class Router:
+    """Fitted on exemplars at construction; `route(question, vector)` needs the question's embedding."""
+
+    def __init__(self, exemplars: Sequence[Exemplar], embed_many: Callable[[list[str]], np.ndarray],
+                 neighbours: int = 5, l2: float = 0.3, steps: int = 400):
+        present = sorted({e.route for e in exemplars}, key=ROUTES.index)
+        if len(present) < 2:
+            raise ValueError(f"the router needs exemplars of at least two routes, got {present or 'none'}")
+        self.routes, self.neighbours = present, neighbours
+        self.vectors = np.asarray(embed_many([e.question for e in exemplars]), dtype=np.float64)
+        self.labels = np.array([present.index(e.route) for e in exemplars])
+        rows = np.stack([self._row(e.question, v, exclude=i) for i, (e, v) in enumerate(zip(exemplars, self.vectors))])
+        self.mean, self.scale = rows.mean(axis=0), rows.std(axis=0) + 1e-6
+        self.weights = _fit_softmax((rows - self.mean) / self.scale, self.labels, len(present), l2, steps)
+
+    def _similarities(self, vector: np.ndarray, exclude: int | None = None) -> list[float]:
+        cosine = self.vectors @ vector
+        out = []
+        for label in range(len(self.routes)):
+            mine = cosine[(self.labels == label) & (np.arange(len(cosine)) != (-1 if exclude is None else exclude))]
+            top = np.sort(mine)[-self.neighbours:] if len(mine) else np.zeros(1)
+            out += [float(top.max()), float(top.mean())]
+        return out
+
+    def _row(self, question: str, vector: np.ndarray, exclude: int | None = None) -> np.ndarray:
+        # Leave-one-out similarities while fitting: an exemplar's nearest neighbour is not itself.
+        return np.concatenate([features(question), self._similarities(vector, exclude), [1.0]])
+
+    def route(self, question: str, vector: np.ndarray) -> RouteDecision:
+        row = (self._row(question, np.asarray(vector, dtype=np.float64)) - self.mean) / self.scale
+        row[-1] = 1.0  # the bias column is not standardised
+        probabilities = _softmax(row @ self.weights)
+        best = int(np.argmax(probabilities))
+        named = {route: round(float(p), 3) for route, p in zip(self.routes, probabilities)}
+        return RouteDecision(self.routes[best], float(probabilities[best]), _reason(question, self.routes[best]), named)
+
+
+def _reason(question: str, route: str) -> str:
+    cues = []
+    if len(sub_queries(question)) > 1:
+        cues.append(f"{len(sub_queries(question))} clauses")
+    for label, pattern in (("temporal", _TEMPORAL), ("sequence", _SEQUENCE), ("comparison", _COMPARE),
+                           ("aggregation", _AGGREGATE), ("relation", _RELATION)):
+        found = pattern.findall(question)
+        if found:
+            cues.append(f"{label} words ({', '.join(dict.fromkeys(f.lower() for f in found))})")
+    return f"{route}: " + ("; ".join(cues) if cues else "closest to the exemplars of this route")
+
+
+def _softmax(z: np.ndarray) -> np.ndarray:
+    z = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _fit_softmax(x: np.ndarray, y: np.ndarray, classes: int, l2: float, steps: int) -> np.ndarray:
+    """Multinomial logistic regression by gradient descent (convex: a fixed step count converges here)."""
+    x = x.copy()
+    x[:, -1] = 1.0
+    onehot = np.eye(classes)[y]
+    weights = np.zeros((x.shape[1], classes))
+    # class weights: a route with few exemplars still counts as much as a common one
+    balance = (len(y) / (classes * np.maximum(np.bincount(y, minlength=classes), 1)))[y][:, None]
+    for _ in range(steps):
+        gradient = x.T @ (balance * (_softmax(x @ weights) - onehot)) / len(y) + l2 * weights / len(y)
+        weights -= 0.5 * gradient
+    return weights

@@ -1,0 +1,218 @@
+"""The query side as a Python API: `QueryService(settings).ask(question)` → the answer JSON that
+`lexgraph ask --json` prints and `POST /ask` returns; `provenance(query_id)` → the audit record.
+
+Needs no running Dagster: it reads LanceDB and the Parquet stores of an index. It reloads by itself
+when the index changes under it (a new catalog or corpus state), checked at most every few seconds.
+Every question is logged (one JSON line in `queries/log.jsonl` under the index home) and its
+provenance kept (`queries/answers/<query_id>.json`); questions whose agentic steps keep failing go to
+`queries/review_queue.jsonl`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import unicodedata
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+from lexgraph.query.answer import Answer, ExtractiveAnswerer, LLMAnswerer
+from lexgraph.query.engine import ROUTE_CHOICES, QueryEngine, QueryParams, Retrieval
+from lexgraph.query.provenance import citation_provenance, index_identity
+from lexgraph.settings import Settings
+
+RELOAD_CHECK_SECONDS = 2.0
+
+
+class QueryError(ValueError):
+    """A question or route that cannot be asked; the message says why."""
+
+
+class UnknownQueryError(LookupError):
+    """No logged question has this id."""
+
+
+def clean_question(question: object, limit: int) -> str:
+    """The question with control characters removed; QueryError when nothing askable is left."""
+    if not isinstance(question, str):
+        raise QueryError(f"the question must be text, got {type(question).__name__}")
+    cleaned = "".join(" " if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") else c for c in question)
+    cleaned = " ".join(cleaned.split())
+    if not cleaned:
+        raise QueryError("the question is empty")
+    if len(cleaned) > limit:
+        raise QueryError(f"the question is {len(cleaned)} characters long; the limit is {limit}")
+    if not any(c.isalnum() for c in cleaned):
+        raise QueryError("the question has no letters or digits")
+    return cleaned
+
+
+class QueryLog:
+    """The question log, the answers' provenance records and the human-review queue of one index home."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.log = self.root / "log.jsonl"
+        self.answers = self.root / "answers"
+        self.review_queue = self.root / "review_queue.jsonl"
+        self._lock = threading.Lock()
+
+    def append(self, path: Path, record: dict) -> None:
+        line = json.dumps(record, ensure_ascii=False, default=str) + "\n"
+        with self._lock:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a", encoding="utf-8") as handle:  # one write per line: no torn lines
+                handle.write(line)
+
+    def keep(self, query_id: str, record: dict) -> None:
+        self.answers.mkdir(parents=True, exist_ok=True)
+        partial = self.answers / f".{query_id}.tmp"
+        partial.write_text(json.dumps(record, ensure_ascii=False, indent=1, default=str), encoding="utf-8")
+        partial.replace(self.answers / f"{query_id}.json")
+
+    def read(self, query_id: str) -> dict:
+        if not query_id or not all(c.isalnum() or c == "-" for c in query_id):
+            raise UnknownQueryError(f"no question with id {query_id!r}")
+        path = self.answers / f"{query_id}.json"
+        if not path.exists():
+            raise UnknownQueryError(f"no question with id {query_id!r}")
+        return json.loads(path.read_text(encoding="utf-8"))
+
+    def lines(self) -> list[dict]:
+        if not self.log.exists():
+            return []
+        out = []
+        for line in self.log.read_text(encoding="utf-8").splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue  # a line cut by a crash: the others still count
+        return out
+
+
+class QueryService:
+    def __init__(self, settings: Settings, params: QueryParams | None = None, router=None, use_llm: bool | None = None):
+        self.settings, self.params = settings, params or QueryParams()
+        self.log = QueryLog(Path(settings.home) / "queries")
+        self._router, self._use_llm = router, use_llm
+        self._engine: QueryEngine | None = None
+        self._signature: str | None = None
+        self._checked = 0.0
+        self._lock = threading.Lock()
+        self._llm = None
+
+    # -- loading ----------------------------------------------------------------------------------------
+
+    def _index_signature(self) -> str:
+        """Changes whenever ingestion or a corpus update changes what queries read."""
+        identity = index_identity(self.settings)
+        built = Path(self.settings.index_dir) / "corpus" / "built_from.json"
+        stamp = built.stat().st_mtime_ns if built.exists() else 0
+        return f"{identity['catalog_digest']}|{stamp}"
+
+    def engine(self) -> QueryEngine:
+        with self._lock:
+            now = time.monotonic()
+            if self._engine is not None and now - self._checked < RELOAD_CHECK_SECONDS:
+                return self._engine
+            self._checked = now
+            signature = self._index_signature()
+            if self._engine is None or signature != self._signature:
+                self._engine, self._signature = self._load(), signature
+            return self._engine
+
+    def _load(self) -> QueryEngine:
+        from lexgraph.index import LexIndex
+        from lexgraph.query.router import Router, default_exemplars
+
+        index = LexIndex(self.settings)
+        retriever = index.retriever()  # raises EmptyIndexError when nothing is indexed
+        embedder = index.embedder()
+        router = self._router
+        if router is None:
+            exemplars = default_exemplars()
+            router = Router(exemplars, embedder.embed_queries) if exemplars else None
+        extractive = ExtractiveAnswerer(retriever.index.bm25)
+        answerer, decompose = extractive, None
+        llm = self._llm_client()
+        if llm is not None:
+            from lexgraph.query.decompose import llm_decomposer
+
+            answerer, decompose = LLMAnswerer(llm, extractive), llm_decomposer(llm)
+        return QueryEngine(retriever, router, answerer, self.params, decompose)
+
+    def _llm_client(self):
+        from lexgraph.build.lexical import llm_config
+        from lexgraph.extract.llm import StructuredLLM
+
+        if self._use_llm is False or self.settings.extractor != "openai":
+            return None
+        if self._llm is None:
+            self._llm = StructuredLLM(llm_config(self.settings))
+        return self._llm
+
+    # -- asking -----------------------------------------------------------------------------------------
+
+    def ask(self, question: str, route: str = "auto") -> dict:
+        question = clean_question(question, self.params.max_question_chars)
+        if route not in ROUTE_CHOICES:
+            raise QueryError(f"unknown route {route!r}; expected one of {', '.join(ROUTE_CHOICES)}")
+        engine = self.engine()
+        started = time.perf_counter()
+        retrieval, answer = engine.answer(question, route)
+        total_ms = round((time.perf_counter() - started) * 1000, 2)
+        query_id = f"q{datetime.now(timezone.utc):%Y%m%d%H%M%S}-{uuid.uuid4().hex[:10]}"
+        log_line = self._log_line(query_id, question, route, retrieval, answer, total_ms)
+        self.log.append(self.log.log, log_line)
+        if retrieval.review:
+            self.log.append(self.log.review_queue, {"query_id": query_id, "question": question,
+                                                    "reason": retrieval.review, "at": log_line["at"]})
+        response = self._response(query_id, question, retrieval, answer)
+        record = {**response, "asked_at": log_line["at"], "log": log_line, "index": index_identity(self.settings),
+                  "citations": citation_provenance(self.settings, answer.citations)}
+        response["provenance"] = {k: record[k] for k in ("asked_at", "index")} | {
+            "route_reason": log_line["reason"], "answerer": answer.answerer, "evidence_items": len(retrieval.context.items),
+            "url": f"/provenance/{query_id}"}
+        record["provenance"] = response["provenance"]
+        self.log.keep(query_id, record)
+        return response
+
+    @staticmethod
+    def _response(query_id: str, question: str, retrieval: Retrieval, answer: Answer) -> dict:
+        return {"query_id": query_id, "question": question, "answer": answer.text, "abstained": answer.abstained,
+                "uncertain": retrieval.uncertain, "route": retrieval.route,
+                "confidence": round(answer.confidence if retrieval.decision is None
+                                    else min(answer.confidence, 1.0) * 0.5 + retrieval.decision.confidence * 0.5, 3),
+                "citations": [c.public() for c in answer.citations], "provenance": {}}
+
+    @staticmethod
+    def _log_line(query_id, question, requested, retrieval: Retrieval, answer: Answer, total_ms) -> dict:
+        decision = retrieval.decision
+        return {"query_id": query_id, "at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+                "question": question, "requested_route": requested, "route": retrieval.route,
+                "confidence": round(decision.confidence, 3) if decision else None,
+                "reason": decision.reason if decision else f"route {requested} requested",
+                "probabilities": decision.probabilities if decision else None,
+                "latency_ms": {**retrieval.latency_ms, "total": total_ms},
+                "cost": {"llm_calls": answer.llm_calls, "prompt_tokens": answer.prompt_tokens,
+                         "completion_tokens": answer.completion_tokens},
+                "retries": retrieval.retries + ([{"answer": "citation validation", "count": answer.retries}]
+                                                if answer.retries else []),
+                "steps": retrieval.steps, "uncertain": retrieval.uncertain, "abstained": answer.abstained,
+                "abstain_reason": answer.reason if answer.abstained else None, "review": retrieval.review,
+                "answerer": answer.answerer, "evidence_items": len(retrieval.context.items),
+                "context_tokens": retrieval.context.tokens, "pid": os.getpid()}
+
+    def provenance(self, query_id: str) -> dict:
+        return self.log.read(query_id)
+
+    def health(self) -> dict:
+        from lexgraph import __version__
+        from lexgraph.storage.vector_store import VectorStore
+
+        store = VectorStore(self.settings.lance_uri)
+        return {"status": "ok", "documents": len(store.indexed_hashes()), "chunks": store.count("chunks"),
+                "index_version": self.settings.index_version, "lexgraph_version": __version__,
+                "llm": self._llm_client() is not None}
