@@ -1,5 +1,6 @@
 """Query channels over an indexed corpus, each giving ranked chunk hits: dense, BM25, KET-RAG's
-keyword channel, and their fusion.
+keyword channel, their fusion, and the lexical graph's statement and entity channels (in
+lexgraph.query.graph_channels; not part of the hybrid's default fusion).
 
 Why one in-memory view: a benchmark asks hundreds of questions of the same index, so the chunk
 vectors, the BM25 weights, the keyword vectors and the keyword→chunk links are read once from
@@ -21,10 +22,11 @@ from lexgraph.build import corpus_index as ci
 from lexgraph.evaluation.metrics import document_key
 from lexgraph.storage.extract_store import ExtractStore
 from lexgraph.extract.keywords import STOPWORDS, sentence_keywords
+from lexgraph.query import graph_channels
 from lexgraph.settings import Settings
 from lexgraph.storage.vector_store import KEYWORDS, VectorStore
 
-METHODS = ("dense", "bm25", "keyword", "hybrid")
+METHODS = ("dense", "bm25", "keyword", "hybrid", "statement", "entity")
 DEFAULT_TOP_N = 50
 _TOKEN = re.compile(r"[^\W_]+")
 # "WolfgangSchulz" (a chat speaker) and "Wolfgang" (in the question) must meet: split camel case.
@@ -84,6 +86,20 @@ class RetrievalParams:
     pagerank_weight: float = 0.0  # prior added to fused scores, in units of the top fused score
     decompose: bool = True  # also retrieve for the clauses of compound questions (sub_queries)
     decompose_weight: float = 1.0  # the clauses together weigh as much as the whole question
+    # the lexical graph's channels (lexgraph.query.graph_channels), tuned on LiHua-World and MuSiQue dev together
+    entity_top: int = 10  # entities taken by query↔entity-vector similarity
+    entity_exact_weight: float = 1.0  # weight of an entity named verbatim in the query
+    entity_hop_weight: float = 0.3  # share of an entity's weight passed along its relations (one hop)
+    entity_neighbours: int = 20  # neighbouring entities added at most
+    entity_evidence_weight: float = 0.5  # λ in cos(q, chunk) + λ·evidence/max(evidence)
+    statement_top: int = 20  # seed statements by query↔statement-vector similarity
+    statement_hops: int = 1  # traversal hops from the seeds (topics in a source, facts/entities across sources)
+    statement_nodes: int = 50  # bridging nodes (topics, facts, entities) expanded at most, all hops together
+    statement_limit: int = 200  # statements scored at most, seeds included
+    statement_topic_weight: float = 0.5  # weight of a statement reached through its topic
+    statement_link_weight: float = 0.5  # weight of a statement reached through a shared fact or entity
+    statement_sum_weight: float = 0.1  # a chunk's score: best statement + this × the sum of its others
+    statement_dense_weight: float = 0.0  # + this × query–chunk cosine
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,6 +181,7 @@ class RetrievalIndex:
     pagerank: np.ndarray | None
     settings: Settings | None = None
     position: dict[str, int] = field(default_factory=dict)
+    graph: graph_channels.LexicalGraph | None = None  # statements and entities (None parts: no lexical graph)
 
     @property
     def size(self) -> int:
@@ -172,8 +189,9 @@ class RetrievalIndex:
 
 
 def load_index(settings: Settings, params: RetrievalParams | None = None) -> RetrievalIndex:
-    """Read an indexed corpus (LanceDB chunks and keywords, Extract-store keyword links, corpus
-    KNN/PageRank files) into memory. Raises ValueError when nothing is indexed."""
+    """Read an indexed corpus (LanceDB chunks, keywords, statements and entities, Extract-store keyword
+    links and lexical tables, corpus KNN/PageRank files) into memory. Raises ValueError when nothing is
+    indexed."""
     params = params or RetrievalParams()
     store = VectorStore(settings.lance_uri)
     chunks, vectors = store.chunk_vectors(CHUNK_COLUMNS)
@@ -181,12 +199,13 @@ def load_index(settings: Settings, params: RetrievalParams | None = None) -> Ret
         raise ValueError(f"{settings.index_dir}: no chunks are indexed; ingest the corpus first")
     position = {chunk: i for i, chunk in enumerate(chunks["chunk_id"].to_list())}
     files = ci.CorpusFiles(settings.index_dir)
+    extract = ExtractStore(settings.extract_dir)
     return RetrievalIndex(
         chunks=chunks, vectors=vectors,
         bm25=BM25(chunks["text"].to_list(), params.bm25_k1, params.bm25_b, params.split_camel_case),
-        keywords=_load_keywords(store, ExtractStore(settings.extract_dir), chunks, position),
+        keywords=_load_keywords(store, extract, chunks, position),
         neighbours=_load_neighbours(files, position), pagerank=_load_pagerank(files, position),
-        settings=settings, position=position)
+        settings=settings, position=position, graph=graph_channels.load_lexical_graph(store, extract, position))
 
 
 def _load_keywords(store: VectorStore, extract: ExtractStore, chunks: pl.DataFrame,
@@ -346,6 +365,10 @@ class Retriever:
         query_vector = self.embed(query)
         if method == "dense":
             return dense_scores(self.index, query_vector)
+        if method == "statement":
+            return graph_channels.statement_scores(self.index, query, query_vector, self.params)
+        if method == "entity":
+            return graph_channels.entity_scores(self.index, query, query_vector, self.params)
         return keyword_scores(self.index, query, query_vector, self.params)
 
     def embed_many(self, texts: list[str]) -> list[np.ndarray]:

@@ -1,0 +1,461 @@
+"""The lexical graph's two retrieval channels: ``entity`` (DESIGN.md §5's skeleton/entity channel) and
+``statement`` (statement traversal), plus :func:`statements_for`, the statements behind chunk hits.
+
+Both read what the lexical graph load wrote (``lexgraph.build.lexical``): the LanceDB ``statements`` and
+``entities`` vector tables and the Extract store's per-document ``entities``, ``relations`` and ``facts``
+Parquet. Never Kùzu: the query side must not need the single graph writer, and a benchmark asks hundreds of
+questions, so :func:`load_lexical_graph` reads everything once into sparse matrices (it is called by
+``retrieval.load_index``) and a query is a few dense and sparse products. An index without a lexical graph
+loads with ``RetrievalIndex.graph`` parts set to None, and both channels then retrieve nothing (all -inf).
+
+**entity** (:func:`entity_scores`): the query's nearest entity vectors ("name: description", the top
+``entity_top`` by cosine, weighted by it) and the entity names found verbatim in the query (n-grams matched by
+the resolver's key, :func:`lexgraph.build.resolution.normalise_entity_name`, so "the Kestrel Propulsion GmbH"
+finds "Kestrel Propulsion"; spaces are ignored, so "Li Hua" finds the chat speaker "LiHua"; weight
+``entity_exact_weight``). One hop along their relations adds up to ``entity_neighbours`` neighbouring
+entities, down-weighted by ``entity_hop_weight`` × the relation's share of the entity's relation strength.
+Each chunk's evidence is Σ entity weight × idf over the entities mentioned in it (idf: rare entities say more);
+the channel scores the chunks with evidence by query–chunk cosine + ``entity_evidence_weight`` ×
+evidence / max evidence, as the keyword channel does.
+
+**statement** (:func:`statement_scores`, :func:`traverse_statements`): the top ``statement_top`` statements
+by query–statement cosine seed a traversal of at most ``statement_hops`` hops. Each hop goes from the
+statements found so far through bridging nodes, ranked by their strongest parent:
+
+- a statement's **topic** (topics are scoped to one source): to the topic's other statements, and
+- its **facts and entities** (the fact ids it supports, its facts' subject and object entities, and the
+  chunk's entities named in its text): to other statements sharing them, in other sources
+  (the node's strength is scaled by its idf, so a name in every document bridges little).
+
+At most ``statement_nodes`` bridging nodes are expanded in all and at most ``statement_limit`` statements
+scored in all. A statement reached through a node scores
+``weight × sqrt(node strength × its own cosine)``, so it needs both a strong path and some relevance of its
+own (weights ``statement_topic_weight`` and ``statement_link_weight``). A chunk's score aggregates its
+statements: the best one + ``statement_sum_weight`` × the sum of the others (+ ``statement_dense_weight`` ×
+query–chunk cosine).
+
+**For the answer layer**: :func:`statements_for` ``(index, query_vector, chunk_rows, limit)`` returns the
+statements of the given chunks (row numbers of ``index.chunks`` or chunk ids, e.g. from
+``Retriever.hits``), best first by cosine with the query, as :class:`StatementHit` (statement id, text,
+chunk id, document id, topic, score): the claims a cited chunk stands on. :func:`traverse_statements`
+returns the statement channel's own statements with their scores, hop and the node that led to them.
+
+No Dagster here (DESIGN.md §2).
+"""
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+import polars as pl
+import scipy.sparse as sp
+
+from lexgraph.build.resolution import entity_id, normalise_entity_name
+from lexgraph.extract.keywords import STOPWORDS
+from lexgraph.storage.extract_store import CorruptExtractError, ExtractStore
+from lexgraph.storage.vector_store import ENTITIES, STATEMENTS, VectorStore
+
+if TYPE_CHECKING:  # retrieval imports this module; only types are needed back
+    from lexgraph.query.retrieval import RetrievalIndex, RetrievalParams
+
+# Words of a query looked at for verbatim entity names: a hostile 100 kB query stays cheap.
+MAX_QUERY_WORDS = 512
+MAX_NAME_WORDS = 6  # longest entity name matched verbatim, in words
+_WORD = re.compile(r"\S+")
+
+
+# ---------------------------------------------------------------------------------------------
+# the in-memory lexical graph
+
+
+@dataclass
+class StatementGraph:
+    """Statements with their vectors, chunks and topics, and the fact/entity nodes they share."""
+
+    ids: list[str]
+    texts: list[str]
+    topics: list[str]
+    unit_vectors: np.ndarray  # statements × dimension, L2-normalised
+    chunk_rows: np.ndarray  # row of each statement's chunk in RetrievalIndex.chunks
+    topic: np.ndarray  # topic number of each statement
+    topic_members: sp.csr_matrix  # topics × statements
+    links: sp.csr_matrix  # statements × bridging nodes (facts and entities)
+    link_members: sp.csr_matrix  # bridging nodes × statements (links transposed)
+    link_ids: list[str]
+    link_idf: np.ndarray  # ln(1 + statements / statements holding the node), scaled to max 1
+    by_chunk: sp.csr_matrix  # chunks × statements
+
+    @property
+    def size(self) -> int:
+        return len(self.ids)
+
+
+@dataclass
+class EntityGraph:
+    """Resolved entities: vectors, verbatim-name keys, the chunks that mention them, their relations."""
+
+    ids: list[str]
+    names: list[str]
+    unit_vectors: np.ndarray  # entities × dimension
+    lookup: dict[str, int]  # compact name key (resolver key without spaces) -> entity
+    mentions: sp.csr_matrix  # entities × chunks, 1 where the entity is mentioned in the chunk
+    relations: sp.csr_matrix  # entities × entities, each row's relation strengths as shares of 1
+    idf: np.ndarray  # ln(chunks / chunks mentioning the entity) + 1
+
+    @property
+    def size(self) -> int:
+        return len(self.ids)
+
+
+@dataclass
+class LexicalGraph:
+    statements: StatementGraph | None
+    entities: EntityGraph | None
+
+
+def compact_key(name: str) -> str:
+    """The resolver's key without spaces: "Li Hua", "LiHua" and "the Li-Hua" meet."""
+    return normalise_entity_name(name).replace(" ", "")
+
+
+def _unit(matrix: np.ndarray) -> np.ndarray:
+    matrix = matrix.astype(np.float32, copy=False)
+    return matrix / np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
+
+
+def _vector_table(store: VectorStore, name: str, columns: list[str]) -> tuple[pl.DataFrame, np.ndarray] | None:
+    if name not in store.table_names():
+        return None
+    table = store.db.open_table(name).to_arrow()
+    if table.num_rows == 0 or "vector" not in table.schema.names or any(c not in table.schema.names for c in columns):
+        return None
+    vectors = table.column("vector").combine_chunks().values.to_numpy().reshape(table.num_rows, -1)
+    return pl.from_arrow(table.select(columns)), _unit(np.asarray(vectors, dtype=np.float32))
+
+
+def _extract_table(extract: ExtractStore, stage: str, columns: list[str], chunks: list[str]) -> pl.DataFrame | None:
+    """All documents' rows of one lexical stage for the indexed chunks (None without any, or when a file is damaged:
+    the channels then do without it rather than fail every query)."""
+    try:
+        scan = extract.scan(stage)
+        if scan is None:
+            return None
+        return scan.select(columns).filter(pl.col("chunk_id").is_in(chunks)).collect()
+    except (CorruptExtractError, pl.exceptions.PolarsError, OSError) as error:
+        warnings.warn(f"lexical graph: {stage} not readable ({error}); the graph channels do without it", stacklevel=3)
+        return None
+
+
+def _entity_ids(names: pl.Series) -> pl.Series:
+    """Resolved entity ids of extracted names (None for a name with no letter or digit)."""
+    mapping = {}
+    for name in names.unique().to_list():
+        mapping[name] = entity_id(name) if name and normalise_entity_name(name) else None
+    return names.replace_strict(mapping, return_dtype=pl.Utf8)
+
+
+def load_lexical_graph(store: VectorStore, extract: ExtractStore, position: dict[str, int]) -> LexicalGraph:
+    """Read the lexical graph's vectors (LanceDB) and links (Extract-store Parquet) for the indexed chunks."""
+    chunks = list(position)
+    mentions = _extract_table(extract, "entities", ["entity_name", "chunk_id"], chunks)
+    if mentions is not None:
+        mentions = mentions.unique()
+        mentions = mentions.with_columns(_entity_ids(mentions["entity_name"]).alias("entity_id")).drop_nulls("entity_id")
+    return LexicalGraph(_load_statements(store, extract, position, mentions),
+                        _load_entities(store, extract, position, mentions))
+
+
+def _load_entities(store: VectorStore, extract: ExtractStore, position: dict[str, int],
+                   mentions: pl.DataFrame | None) -> EntityGraph | None:
+    table = _vector_table(store, ENTITIES, ["entity_id", "name"])
+    if table is None:
+        return None
+    frame, vectors = table
+    ids, names = frame["entity_id"].to_list(), frame["name"].to_list()
+    row_of = {e: i for i, e in enumerate(ids)}
+    n, n_chunks = len(ids), len(position)
+    lookup: dict[str, int] = {}
+    for i, name in enumerate(names):
+        key = compact_key(name or "")
+        if len(key) > 1 and key not in STOPWORDS:
+            lookup.setdefault(key, i)
+    if mentions is not None:
+        rows = mentions.filter(pl.col("entity_id").is_in(ids))
+        matrix = sp.csr_matrix((np.ones(rows.height), ([row_of[e] for e in rows["entity_id"].to_list()],
+                                                         [position[c] for c in rows["chunk_id"].to_list()])),
+                               shape=(n, n_chunks))
+        matrix.data[:] = 1.0
+        # surface forms seen in the chunks also find their entity verbatim ("Kestrel Propulsion GmbH")
+        for name, entity in rows.select("entity_name", "entity_id").unique().iter_rows():
+            key = compact_key(name)
+            if len(key) > 1 and key not in STOPWORDS:
+                lookup.setdefault(key, row_of[entity])
+    else:
+        matrix = sp.csr_matrix((n, n_chunks))
+    df = np.asarray(matrix.sum(axis=1)).ravel()
+    idf = np.log(max(n_chunks, 1) / np.maximum(df, 1)) + 1.0
+    relations = _extract_table(extract, "relations", ["source", "target", "strength", "chunk_id"], list(position))
+    graph = sp.csr_matrix((n, n))
+    if relations is not None and relations.height:
+        relations = relations.with_columns(_entity_ids(relations["source"]).alias("a"),
+                                           _entity_ids(relations["target"]).alias("b"))
+        relations = relations.filter(pl.col("a").is_in(ids) & pl.col("b").is_in(ids) & (pl.col("a") != pl.col("b")))
+        if relations.height:
+            a = np.array([row_of[e] for e in relations["a"].to_list()])
+            b = np.array([row_of[e] for e in relations["b"].to_list()])
+            weight = np.clip(relations["strength"].fill_null(0.0).to_numpy().astype(float), 0, None) + 1e-3
+            graph = sp.csr_matrix((np.concatenate([weight, weight]), (np.concatenate([a, b]), np.concatenate([b, a]))),
+                                  shape=(n, n))
+            graph.sum_duplicates()
+            totals = np.asarray(graph.sum(axis=1)).ravel()
+            graph = sp.csr_matrix(sp.diags(1 / np.maximum(totals, 1e-12)) @ graph)
+    return EntityGraph(ids, names, vectors, lookup, matrix, graph, idf)
+
+
+def _load_statements(store: VectorStore, extract: ExtractStore, position: dict[str, int],
+                     mentions: pl.DataFrame | None) -> StatementGraph | None:
+    table = _vector_table(store, STATEMENTS, ["statement_id", "chunk_id", "topic_id", "topic", "text"])
+    if table is None:
+        return None
+    frame, vectors = table
+    keep = np.array([c in position for c in frame["chunk_id"].to_list()], dtype=bool)
+    if not keep.any():
+        return None
+    frame, vectors = frame.filter(pl.Series(keep)), vectors[keep]
+    frame = frame.with_row_index("row").with_columns(pl.col("text").fill_null(""), pl.col("topic").fill_null(""))
+    n, n_chunks = frame.height, len(position)
+    chunk_rows = np.array([position[c] for c in frame["chunk_id"].to_list()], dtype=np.int64)
+    _, topic = np.unique(np.array(frame["topic_id"].fill_null("").to_list(), dtype=object), return_inverse=True)
+    n_topics = int(topic.max()) + 1 if n else 0
+    members = sp.csr_matrix((np.ones(n), (topic, np.arange(n))), shape=(n_topics, n))
+    by_chunk = sp.csr_matrix((np.ones(n), (chunk_rows, np.arange(n))), shape=(n_chunks, n))
+    # bridging nodes: the facts a statement supports, their subject and object entities, and the chunk's
+    # entities named in the statement's text
+    parts = []
+    facts = _extract_table(extract, "facts", ["fact_id", "statement_id", "subject", "object", "chunk_id"], list(position))
+    ids = frame.select("statement_id", "row")
+    if facts is not None and facts.height:
+        facts = facts.join(ids, on="statement_id")
+        parts.append(facts.select("row", pl.col("fact_id").alias("node")))
+        for column in ("subject", "object"):
+            parts.append(facts.select("row", _entity_ids(facts[column]).alias("node")))
+    if mentions is not None and mentions.height:
+        named = (frame.select("row", "chunk_id", pl.col("text").str.to_lowercase().alias("lower"))
+                 .join(mentions.select("chunk_id", pl.col("entity_name").str.to_lowercase().alias("name"), "entity_id"),
+                       on="chunk_id")
+                 .filter((pl.col("name").str.len_chars() > 1) & pl.col("lower").str.contains(pl.col("name"), literal=True)))
+        parts.append(named.select("row", pl.col("entity_id").alias("node")))
+    links = pl.concat(parts).drop_nulls().unique() if parts else pl.DataFrame(schema={"row": pl.UInt32, "node": pl.Utf8})
+    node_ids = sorted(set(links["node"].to_list()))
+    node_of = {node: i for i, node in enumerate(node_ids)}
+    matrix = sp.csr_matrix((np.ones(links.height), (links["row"].to_numpy().astype(np.int64),
+                                                    [node_of[x] for x in links["node"].to_list()])),
+                           shape=(n, len(node_ids)))
+    df = np.asarray(matrix.sum(axis=0)).ravel()
+    idf = np.log1p(n / np.maximum(df, 1))
+    idf = idf / idf.max() if len(idf) and idf.max() > 0 else idf
+    return StatementGraph(frame["statement_id"].to_list(), frame["text"].to_list(), frame["topic"].to_list(), vectors,
+                          chunk_rows, topic.astype(np.int64), members, matrix, matrix.T.tocsr(), node_ids, idf,
+                          by_chunk)
+
+
+# ---------------------------------------------------------------------------------------------
+# entity channel
+
+
+def query_entities(graph: EntityGraph, query: str, max_words: int = MAX_QUERY_WORDS) -> list[int]:
+    """Entities whose name (by the resolver's key, spaces ignored) occurs verbatim in the query, as word
+    n-grams of up to MAX_NAME_WORDS words among its first max_words words."""
+    words = _WORD.findall(query[: max_words * 64])[:max_words]
+    found: dict[int, None] = {}
+    for start in range(len(words)):
+        for end in range(start + 1, min(start + MAX_NAME_WORDS, len(words)) + 1):
+            key = compact_key(" ".join(words[start:end]))
+            if key in graph.lookup:
+                found.setdefault(graph.lookup[key])
+    return list(found)
+
+
+def entity_weights(graph: EntityGraph, query: str, query_vector: np.ndarray, params: RetrievalParams) -> np.ndarray:
+    """Weight of every entity for the query: nearest vectors, verbatim names, and one hop of relations."""
+    weights = np.zeros(graph.size)
+    similarity = graph.unit_vectors @ query_vector.astype(np.float32)
+    top = min(params.entity_top, graph.size)
+    if top > 0:
+        chosen = np.argpartition(-similarity, top - 1)[:top]
+        weights[chosen] = np.clip(similarity[chosen], 0, None)
+    for i in query_entities(graph, query):
+        weights[i] = max(weights[i], params.entity_exact_weight)
+    if params.entity_neighbours > 0 and params.entity_hop_weight > 0 and graph.relations.nnz and weights.any():
+        passed = params.entity_hop_weight * (graph.relations.T @ weights)
+        passed[weights > 0] = 0.0
+        candidates = np.flatnonzero(passed > 0)
+        if len(candidates) > params.entity_neighbours:
+            candidates = candidates[np.argpartition(-passed[candidates], params.entity_neighbours - 1)
+                                    [:params.entity_neighbours]]
+        weights[candidates] = passed[candidates]
+    return weights
+
+
+def entity_scores(index: RetrievalIndex, query: str, query_vector: np.ndarray, params: RetrievalParams) -> np.ndarray:
+    """The entity channel: a score per chunk (-inf where none of the query's entities is mentioned)."""
+    scores = np.full(index.size, -np.inf)
+    graph = index.graph.entities if index.graph is not None else None
+    if graph is None or graph.size == 0 or not graph.mentions.nnz:
+        return scores
+    weights = entity_weights(graph, query, query_vector, params)
+    active = np.flatnonzero(weights)
+    if not len(active):
+        return scores
+    evidence = graph.mentions[active].T @ (weights[active] * graph.idf[active])
+    candidates = evidence > 0
+    if candidates.any():
+        cosine = index.vectors[candidates] @ query_vector
+        scores[candidates] = cosine + params.entity_evidence_weight * evidence[candidates] / evidence.max()
+    return scores
+
+
+# ---------------------------------------------------------------------------------------------
+# statement channel
+
+
+@dataclass(frozen=True)
+class TraversedStatement:
+    row: int  # row in StatementGraph
+    score: float
+    hop: int  # 0 for a seed (found by its vector)
+    via: str  # "vector", "topic:<topic id row>" or the fact/entity id that led to it
+
+
+def traverse_statements(graph: StatementGraph, query_vector: np.ndarray, params: RetrievalParams,
+                        similarity: np.ndarray | None = None) -> list[TraversedStatement]:
+    """The statement channel's statements, best first: seeds by vector, then hops through topics (same
+    source) and shared facts/entities (other sources), within the hop, node and statement budgets."""
+    if similarity is None:
+        similarity = graph.unit_vectors @ query_vector.astype(np.float32)
+    limit = max(params.statement_limit, 0)
+    top = min(params.statement_top, graph.size, limit)
+    if top <= 0:
+        return []
+    seeds = np.argpartition(-similarity, top - 1)[:top]
+    seeds = seeds[similarity[seeds] > 0]
+    found: dict[int, TraversedStatement] = {int(s): TraversedStatement(int(s), float(similarity[s]), 0, "vector")
+                                            for s in seeds}
+    frontier = [int(s) for s in seeds]
+    nodes_left = max(params.statement_nodes, 0)
+    used_topics: set[int] = set()
+    used_links: set[int] = set()
+    relevance = np.clip(similarity, 0, None)
+    for hop in range(1, max(params.statement_hops, 0) + 1):
+        if not frontier or nodes_left <= 0 or len(found) >= limit:
+            break
+        # bridging nodes of the frontier, each as strong as its best parent (links scaled by idf)
+        candidates: dict[tuple[str, int], float] = {}
+        for s in frontier:
+            score = found[s].score
+            t = int(graph.topic[s])
+            if t not in used_topics and params.statement_topic_weight > 0:
+                key = ("topic", t)
+                candidates[key] = max(candidates.get(key, 0.0), score)
+            if params.statement_link_weight > 0:
+                start, end = graph.links.indptr[s], graph.links.indptr[s + 1]
+                for node in graph.links.indices[start:end]:
+                    node = int(node)
+                    if node not in used_links:
+                        key = ("link", node)
+                        candidates[key] = max(candidates.get(key, 0.0), score * float(graph.link_idf[node]))
+        chosen = sorted(candidates.items(), key=lambda item: (-item[1], item[0]))[:nodes_left]
+        nodes_left -= len(chosen)
+        reached: dict[int, tuple[float, str]] = {}
+        for (kind, node), strength in chosen:
+            if kind == "topic":
+                used_topics.add(node)
+                matrix, weight, via = graph.topic_members, params.statement_topic_weight, f"topic:{node}"
+            else:
+                used_links.add(node)
+                matrix, weight, via = graph.link_members, params.statement_link_weight, graph.link_ids[node]
+            members = matrix.indices[matrix.indptr[node]:matrix.indptr[node + 1]]
+            for t in members:
+                t = int(t)
+                if t in found:
+                    continue
+                score = weight * math.sqrt(strength * float(relevance[t]))
+                if score > reached.get(t, (0.0, ""))[0]:
+                    reached[t] = (score, via)
+        room = limit - len(found)
+        best = sorted(reached.items(), key=lambda item: (-item[1][0], item[0]))[:room]
+        frontier = []
+        for t, (score, via) in best:
+            if score <= 0:
+                continue
+            found[t] = TraversedStatement(t, score, hop, via)
+            frontier.append(t)
+    return sorted(found.values(), key=lambda s: (-s.score, s.row))
+
+
+def statement_scores(index: RetrievalIndex, query: str, query_vector: np.ndarray,
+                     params: RetrievalParams) -> np.ndarray:
+    """The statement channel: a score per chunk from its traversed statements (-inf where none)."""
+    scores = np.full(index.size, -np.inf)
+    graph = index.graph.statements if index.graph is not None else None
+    if graph is None or graph.size == 0:
+        return scores
+    statements = traverse_statements(graph, query_vector, params)
+    if not statements:
+        return scores
+    rows = np.array([s.row for s in statements], dtype=np.int64)
+    values = np.array([s.score for s in statements])
+    chunks = graph.chunk_rows[rows]
+    best = np.zeros(index.size)
+    np.maximum.at(best, chunks, values)
+    total = np.bincount(chunks, weights=values, minlength=index.size)
+    hit = np.unique(chunks)
+    scores[hit] = best[hit] + params.statement_sum_weight * (total[hit] - best[hit])
+    if params.statement_dense_weight:
+        scores[hit] += params.statement_dense_weight * (index.vectors[hit] @ query_vector)
+    return scores
+
+
+# ---------------------------------------------------------------------------------------------
+# for the answer layer
+
+
+@dataclass(frozen=True)
+class StatementHit:
+    statement_id: str
+    text: str
+    chunk_id: str
+    doc_id: str
+    topic: str
+    score: float  # cosine of the statement with the query
+
+
+def statements_for(index: RetrievalIndex, query_vector: np.ndarray, chunk_rows: Sequence[int | str],
+                   limit: int = 10) -> list[StatementHit]:
+    """The statements of these chunks (rows of index.chunks, or chunk ids), best first by cosine with the
+    query, at most `limit`. Empty when the index has no lexical graph or the chunks no statements."""
+    graph = index.graph.statements if index.graph is not None else None
+    if graph is None or limit <= 0:
+        return []
+    rows = sorted({index.position[c] if isinstance(c, str) else int(c) for c in chunk_rows
+                   if (c in index.position if isinstance(c, str) else 0 <= int(c) < index.size)})
+    if not rows:
+        return []
+    members = graph.by_chunk[rows].indices
+    if not len(members):
+        return []
+    members = np.unique(members)
+    similarity = graph.unit_vectors[members] @ query_vector.astype(np.float32)
+    order = np.argsort(-similarity, kind="stable")[:limit]
+    chunk_ids, doc_ids = index.chunks["chunk_id"], index.chunks["doc_id"]
+    out = []
+    for i in order:
+        s = int(members[i])
+        row = int(graph.chunk_rows[s])
+        out.append(StatementHit(graph.ids[s], graph.texts[s], chunk_ids[row], doc_ids[row], graph.topics[s],
+                                float(similarity[i])))
+    return out
