@@ -8,7 +8,7 @@ export LEXGRAPH_HOME ?= $(CURDIR)/.lexgraph
 export HF_HUB_OFFLINE := 1
 SHARED ?= ../shared
 
-.PHONY: install demo test dev bench bench-ingest bench-scale bench-incremental clean
+.PHONY: install demo test dev bench bench-ingest bench-scale bench-incremental bench-extraction bench-serve clean
 
 # torch is installed first and pinned: the local CPU build; an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -47,6 +47,13 @@ bench-scale: $(STAMP)
 
 bench-incremental: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_incremental --corpus $(SHARED)/datasets/lihua-world/LiHuaWorld.zip
+
+bench-extraction: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_extraction --corpus $(SHARED)/datasets/lihua-world/LiHuaWorld.zip
+
+# needs the LiHua-World index that `make bench` caches; serves it read-only
+bench-serve: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_serve --home .lexgraph/bench/lihuaworld-aac215cda60d/index --questions $(SHARED)/datasets/lihua-world/questions.dev.json
 
 clean:
 	rm -rf .lexgraph .dagster_home

@@ -17,8 +17,9 @@ import os
 from typing import Literal
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from lexgraph.settings import Settings
 
@@ -36,6 +37,16 @@ class AskBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     question: str
     route: Literal["auto", "semantic", "graph", "agentic"] = "auto"
+
+    @field_validator("question")
+    @classmethod
+    def _encodable(cls, question: str) -> str:
+        # JSON may carry a lone surrogate (\ud800), which no UTF-8 response could echo back
+        try:
+            question.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("the question is not valid Unicode (it holds a lone surrogate)") from None
+        return question
 
 
 class ServeError(ValueError):
@@ -189,6 +200,13 @@ def create_app(service, token: str | None = None, max_body: int = MAX_BODY_BYTES
     token = (token.strip() or None) if token is not None else None
     app.add_middleware(_Guard, token=token, max_body=max_body)
 
+    @app.exception_handler(RequestValidationError)
+    def _invalid(request: Request, error: RequestValidationError):
+        # where and what, never the input itself: it may be 100 kB, or not encodable as UTF-8
+        return JSONResponse({"detail": [{"loc": [p if isinstance(p, int) else _printable(p) for p in e.get("loc", ())],
+                                         "msg": _printable(e.get("msg", "")), "type": _printable(e.get("type", ""))}
+                                        for e in error.errors()]}, status_code=422)
+
     @app.exception_handler(QueryError)
     def _query_error(request: Request, error: QueryError):
         return JSONResponse({"detail": str(error)}, status_code=422)
@@ -218,6 +236,12 @@ def create_app(service, token: str | None = None, max_body: int = MAX_BODY_BYTES
         return JSONResponse(service.health())
 
     return app
+
+
+def _printable(value) -> str:
+    """Text that survives UTF-8: lone surrogates become backslash escapes; over-long text is cut."""
+    text = str(value).encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= 200 else text[:200] + "…"
 
 
 def _version() -> str:

@@ -83,9 +83,11 @@ def _citation(number: int, citation: Mapping[str, Any]) -> str:
         ("document id", citation.get("doc_id")),
         ("chunk id", citation.get("chunk_id")),
         ("statement id", citation.get("statement_id")),
+        ("statement", citation.get("statement")),
         ("extractor", citation.get("extractor")),
         ("model", citation.get("model")),
         ("prompt version", citation.get("prompt_version")),
+        ("extracted at", citation.get("extracted_at")),
     ])
     return (f'<section class="citation" id="citation-{number}"><h3>{number}. {heading}</h3>'
             f"{source_text}{details}</section>")
