@@ -85,6 +85,29 @@ class Client:
         self.connection.close()
 
 
+def query_log(home: Path) -> list[dict]:
+    """The server's query log lines (one per answered question)."""
+    path = home / "queries" / "log.jsonl"
+    if not path.exists():
+        return []
+    lines = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            lines.append(json.loads(line))
+        except ValueError:
+            pass
+    return lines
+
+
+def server_latency(lines: list[dict]) -> dict[str, list[float]]:
+    by_route: dict[str, list[float]] = defaultdict(list)
+    for line in lines:
+        total = (line.get("latency_ms") or {}).get("total")
+        if total is not None:
+            by_route[line.get("route", "?")].append(total / 1000)
+    return by_route
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -96,6 +119,8 @@ def percentile(values: list[float], q: float) -> float:
 def latency_table(title: str, by_route: dict[str, list[float]]) -> list[str]:
     lines = [f"{title}", "", "| route | answers | p50 ms | p95 ms | max ms |", "|---|---|---|---|---|"]
     everything = [v for values in by_route.values() for v in values]
+    if not everything:
+        return lines + ["| (none) | 0 | | | |"]
     for route in sorted(by_route) + ["all"]:
         values = everything if route == "all" else by_route[route]
         lines.append(f"| {route} | {len(values)} | {1000 * percentile(values, 50):.0f} | "
@@ -122,6 +147,7 @@ def main() -> None:
     if not questions:
         raise SystemExit(f"{args.questions}: no questions")
 
+    load_before = f"{os.getloadavg()[0]:.1f}"
     scratch = Path(tempfile.mkdtemp(prefix="lexgraph-serve-bench-"))
     (scratch / collection).symlink_to(home / collection, target_is_directory=True)
     env = {k: v for k, v in os.environ.items()
@@ -155,6 +181,11 @@ def main() -> None:
         print(f"server up (health answers) {up:.1f} s after start; first answer {first_answer:.1f} s after start "
               f"(that question took {first_latency:.1f} s, the index loading with it)", flush=True)
 
+        # warm-up, not counted: every route once (each loads its own structures on first use)
+        for route in ("semantic", "graph", "agentic"):
+            client.ask(questions[1], route)
+        logged = len(query_log(scratch))
+
         # 2. one client, every question once
         sequential: dict[str, list[float]] = defaultdict(list)
         errors_sequential = Counter()
@@ -165,6 +196,8 @@ def main() -> None:
             else:
                 errors_sequential[status] += 1
         client.close()
+        server_sequential = server_latency(query_log(scratch)[logged:])
+        logged = len(query_log(scratch))
         print(f"one client: {sum(map(len, sequential.values()))} answers, errors: {dict(errors_sequential) or 0}",
               flush=True)
 
@@ -200,14 +233,11 @@ def main() -> None:
             thread.start()
         barrier.wait()
         load_started = time.perf_counter()
-        peak_during = 0.0
-        while any(thread.is_alive() for thread in threads):
-            peak_during = max(peak_during, rss_mb(server.pid)[0])
-            time.sleep(0.5)
         for thread in threads:
             thread.join()
         elapsed = time.perf_counter() - load_started
         rss, hwm = rss_mb(server.pid)
+        server_loaded = server_latency(query_log(scratch)[logged:])
         answers = sum(map(len, loaded.values()))
     finally:
         server.terminate()
@@ -220,7 +250,8 @@ def main() -> None:
     print()
     print(f"command: python -m benchmarks.bench_serve --home {args.home} --questions {args.questions} "
           f"--clients {args.clients} --seconds {args.seconds:g}")
-    print(f"machine: {os.cpu_count()} cores; server: one uvicorn process, FastAPI thread pool; no LLM")
+    print(f"machine: {os.cpu_count()} cores, load average {load_before} before and {os.getloadavg()[0]:.1f} after; "
+          "server: one uvicorn process, FastAPI thread pool; no LLM")
     print()
     print(f"| measure | value |")
     print("|---|---|")
@@ -232,10 +263,18 @@ def main() -> None:
     print(f"| server resident memory after the load (peak) | {rss:.0f} MB ({hwm:.0f} MB) |")
     print()
     for line in latency_table(f"One client, each of {sum(map(len, sequential.values()))} dev questions once "
-                              f"(route auto; latency per route taken):", sequential):
+                              f"(route auto; latency per route taken), seen by the client:", sequential):
         print(line)
     print()
-    for line in latency_table(f"{args.clients} concurrent clients for {args.seconds:g} s:", loaded):
+    for line in latency_table("The same, inside the server (the query log's total: no HTTP, no queueing):",
+                              server_sequential):
+        print(line)
+    print()
+    for line in latency_table(f"{args.clients} concurrent clients for {args.seconds:g} s, seen by the clients:",
+                              loaded):
+        print(line)
+    print()
+    for line in latency_table("The same, inside the server:", server_loaded):
         print(line)
 
 
