@@ -6,6 +6,7 @@ import dagster as dg
 from assets.bench import retrieval_benchmark
 from assets.documents import document_assets, inbox
 from assets.lexical import document_lexical_assets, lexical_assets
+from assets.queries import query_log
 from assets.skeleton import corpus_assets, document_keywords
 from lexgraph.build.lexical import extractor_signature
 from lexgraph.ids import short_hash
@@ -53,7 +54,7 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
     assets = dg.map_asset_specs(
         lambda spec: spec.replace_attributes(code_version=versions.get(spec.key.to_user_string(), spec.code_version)),
         [*document_assets, document_keywords, *document_lexical_assets, *corpus_assets, *lexical_assets,
-         retrieval_benchmark])
+         retrieval_benchmark, query_log])
     return dg.Definitions(
         assets=[inbox, *assets],
         jobs=[ingest_documents, purge_documents, build_corpus_index, extract_documents],

@@ -52,3 +52,17 @@ def instance():
 def copy_corpus(target: Path) -> Path:
     shutil.copytree(SAMPLE_CORPUS, target)
     return target
+
+
+@pytest.fixture(scope="session")
+def sample_home(tmp_path_factory) -> Path:
+    """The sample corpus ingested once through Dagster, for tests that only read an index (queries)."""
+    import dagster as dg
+
+    from orchestration.runner import ingest_folder
+
+    home = tmp_path_factory.mktemp("sample") / "index"
+    with dg.instance_for_test() as inst:
+        report = ingest_folder(SAMPLE_CORPUS, inst, home=str(home), progress=False)
+    assert report.corpus_index_ok and not report.failed, report.failed
+    return home

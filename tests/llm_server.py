@@ -163,8 +163,42 @@ def _entities_in(sentence: str) -> list[tuple[str, int, int]]:
     return found
 
 
+# A question containing this marker gets an answer citing an id that is not in the evidence.
+BOGUS_CITATION_MARKER = "CITE-SOMETHING-ELSE"
+
+
+def _asks_for(body: dict, field: str) -> bool:
+    """Whether the request's response schema (JSON-mode system message or tool parameters) has this field."""
+    return f'"{field}"' in json.dumps(body.get("messages", [])) + json.dumps(body.get("tools", []))
+
+
+def cited_answer_for(body: dict) -> dict:
+    """The answerer's schema: the first sentence of the first evidence item, citing that item's id."""
+    users = [_message_text(m) for m in body.get("messages", []) if m.get("role") == "user"]
+    first = users[0] if users else ""
+    found = re.search(r"^\[([^\]\n]+)\] \([^)\n]*\)\n(.+)$", first, re.M)
+    if not found:
+        return {"answer": "", "cited_ids": [], "abstain": True}
+    sentence = _SENTENCE_END.split(found.group(2).strip())[0]
+    cited = "no-such-evidence-id" if BOGUS_CITATION_MARKER in first else found.group(1)
+    return {"answer": sentence, "cited_ids": [cited], "abstain": False}
+
+
+def sub_questions_for(body: dict) -> dict:
+    """The decomposer's schema: the question split at "and" / "then" / commas."""
+    users = [_message_text(m) for m in body.get("messages", []) if m.get("role") == "user"]
+    question = users[-1] if users else ""
+    parts = [p.strip(" ,?") for p in re.split(r"\b(?:and then|then|and)\b|,", question) if len(p.split()) >= 3]
+    return {"sub_questions": [p + "?" for p in parts] or [question]}
+
+
 def answer_for(body: dict) -> dict:
-    """The deterministic ChunkExtraction (as a dict) for a request."""
+    """The deterministic answer (as a dict) for a request: an answer with citations, sub-questions, or a
+    ChunkExtraction, by the fields of the response schema the request carries."""
+    if _asks_for(body, "cited_ids"):
+        return cited_answer_for(body)
+    if _asks_for(body, "sub_questions"):
+        return sub_questions_for(body)
     heading, text = chunk_of(body)
     types = _allowed_types(body) or ["other"]
     sentences = [s.strip() for s in _SENTENCE_END.split(" ".join(text.split())) if s.strip()]

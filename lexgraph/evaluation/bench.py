@@ -25,8 +25,9 @@ from typing import Callable, Protocol, Sequence
 import polars as pl
 
 from lexgraph.evaluation import metrics as ev
+from lexgraph.evaluation.answers import ENGINE_METHODS, EngineSearcher, answer_figures, build_engine, summarise_answers
 from lexgraph.evaluation.corpus import BenchError, PreparedCorpus, prepare_corpus
-from lexgraph.evaluation.report import recall_svg, report_markdown, summary_table
+from lexgraph.evaluation.report import answers_table, recall_svg, report_markdown, summary_table
 from lexgraph.query.retrieval import DEFAULT_TOP_N, METHODS, Hit, RetrievalParams, Retriever, load_index
 from lexgraph.settings import Settings
 
@@ -176,6 +177,11 @@ class QuestionResult:
     recall: dict[int, float | None]
     all_found: dict[int, bool | None]
     covered: bool | None
+    route: str | None = None  # auto / answer: the route taken
+    answer: dict | None = None  # answer: answer_figures
+
+
+BENCH_METHODS = (*METHODS, *ENGINE_METHODS)
 
 
 def top_n_for(ks: Sequence[int], budget: int) -> int:
@@ -183,17 +189,19 @@ def top_n_for(ks: Sequence[int], budget: int) -> int:
     return max(DEFAULT_TOP_N, 5 * max(ks), math.ceil(budget / 32))
 
 
-def ask(retriever: Retriever, method: str, question: ev.Question, ks: Sequence[int], budget: int) -> QuestionResult:
+def ask(searcher: EngineSearcher, method: str, question: ev.Question, ks: Sequence[int], budget: int) -> QuestionResult:
     start = time.perf_counter()
-    hits: list[Hit] = retriever.search(method, question.question, top_n_for(ks, budget))
+    hits: list[Hit] = searcher.search(method, question.question, top_n_for(ks, budget))
     latency = (time.perf_counter() - start) * 1000
     keys = [h.doc_key for h in hits]
     covered = None if question.is_null else ev.coverage_at_budget(question.answer, hits, budget)
+    last = searcher.last or {}
     return QuestionResult(
         method, question.qid, question.qtype, latency, hits[0].score if hits else None,
         ev.ranked_documents(keys, max(ks)),
         {k: ev.evidence_recall(keys, question.evidence, k) for k in ks},
-        {k: ev.all_evidence_found(keys, question.evidence, k) for k in ks}, covered)
+        {k: ev.all_evidence_found(keys, question.evidence, k) for k in ks}, covered, last.get("route"),
+        answer_figures(question, last["answer"]) if last.get("answer") is not None else None)
 
 
 @contextlib.contextmanager
@@ -211,7 +219,7 @@ def single_threaded_torch():
         torch.set_num_threads(before)
 
 
-def run_questions(retriever: Retriever, questions: Sequence[ev.Question], methods: Sequence[str],
+def run_questions(retriever: EngineSearcher, questions: Sequence[ev.Question], methods: Sequence[str],
                   ks: Sequence[int], budget: int, progress: bool = False) -> list[QuestionResult]:
     results = []
     for method in methods:
@@ -238,6 +246,12 @@ def summarise(results: Sequence[QuestionResult], ks: Sequence[int]) -> dict:
         null = [r.top_score for r in mine if r.qtype == "Null" and r.top_score is not None]
         summary[method]["overall"]["top_score_answerable"] = ev.mean(answerable)
         summary[method]["overall"]["top_score_null"] = ev.mean(null)
+        routes = [r.route for r in mine if r.route]
+        if routes:
+            summary[method]["overall"]["routes"] = {route: routes.count(route) for route in sorted(set(routes))}
+        answered = [r for r in mine if r.answer is not None]
+        if answered:
+            summary[method]["overall"]["answers"] = summarise_answers([(r.qtype == "Null", r.answer) for r in answered])
     return summary
 
 
@@ -275,7 +289,7 @@ class BenchReport:
 
 def evaluate_index(settings: Settings, questions_path: str | Path, budget: int = DEFAULT_BUDGET,
                    ks: Sequence[int] = DEFAULT_KS, out_dir: str | Path | None = None,
-                   methods: Sequence[str] = METHODS, params: RetrievalParams | None = None,
+                   methods: Sequence[str] = BENCH_METHODS, params: RetrievalParams | None = None,
                    corpus_info: dict | None = None, build: IndexBuild | None = None,
                    cost: dict | None = None, progress: bool = False) -> BenchReport:
     """Run the questions over an existing index and write report.md / report.json to out_dir."""
@@ -284,9 +298,9 @@ def evaluate_index(settings: Settings, questions_path: str | Path, budget: int =
     ks = tuple(sorted(set(ks)))
     if not ks or ks[0] < 1:
         raise BenchError(f"k values must be positive integers, got {ks}")
-    unknown = [m for m in methods if m not in METHODS]
+    unknown = [m for m in methods if m not in BENCH_METHODS]
     if unknown:
-        raise BenchError(f"unknown method(s) {', '.join(unknown)}; expected some of {', '.join(METHODS)}")
+        raise BenchError(f"unknown method(s) {', '.join(unknown)}; expected some of {', '.join(BENCH_METHODS)}")
     try:
         questions = ev.load_questions(questions_path)
     except ev.QuestionsFileError as error:
@@ -296,9 +310,10 @@ def evaluate_index(settings: Settings, questions_path: str | Path, budget: int =
     embedder = Embedder.shared(settings.embed_model)
     tokens_before = embedder.stats.tokens
     retriever = Retriever(index, embedder.embed_query, params, embedder.embed_queries)
+    engine = build_engine(retriever, budget) if set(methods) & set(ENGINE_METHODS) else None
     started = time.perf_counter()
     with single_threaded_torch():
-        results = run_questions(retriever, questions, methods, ks, budget, progress)
+        results = run_questions(EngineSearcher(retriever, engine), questions, methods, ks, budget, progress)
     doc_keys = {ev.document_key(p) for p in index.chunks["source_path"].unique().to_list()}
     missing = unmatched_evidence(questions, doc_keys)
     data = {
@@ -321,6 +336,9 @@ def evaluate_index(settings: Settings, questions_path: str | Path, budget: int =
         "per_question": [asdict(r) for r in results],
     }
     data["table_markdown"] = summary_table(data["summary"], ks, budget)
+    answers = answers_table(data["summary"])
+    if answers:
+        data["table_markdown"] += "\n\n" + answers
     markdown = report_markdown(data)
     out = Path(out_dir) if out_dir else Path(settings.index_dir).parent / "bench-report"
     out.mkdir(parents=True, exist_ok=True)
@@ -332,7 +350,7 @@ def evaluate_index(settings: Settings, questions_path: str | Path, budget: int =
 
 def run_bench(corpus: str | Path, questions: str | Path, indexer: CorpusIndexer, budget: int = DEFAULT_BUDGET,
               ks: Sequence[int] = DEFAULT_KS, out_dir: str | Path | None = None,
-              cache_root: str | Path | None = None, methods: Sequence[str] = METHODS,
+              cache_root: str | Path | None = None, methods: Sequence[str] = BENCH_METHODS,
               params: RetrievalParams | None = None, progress: bool = True) -> BenchReport:
     """Prepare and (once) index the corpus, then evaluate every method on the questions.
 
@@ -390,7 +408,7 @@ def command(corpus: str, questions: str, budget: int, ks: str, out: str | None, 
     except ValueError:
         print(f"error: --k must be comma-separated integers, got {ks!r}", file=sys.stderr)
         return 2
-    chosen = tuple(m.strip() for m in methods.split(",")) if methods else METHODS
+    chosen = tuple(m.strip() for m in methods.split(",")) if methods else BENCH_METHODS
     if budget <= 0:
         print(f"error: --budget must be a positive number of tokens, got {budget}", file=sys.stderr)
         return 2

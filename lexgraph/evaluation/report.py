@@ -27,6 +27,26 @@ def summary_table(summary: dict, ks: Sequence[int], budget: int) -> str:
     return "\n".join(lines)
 
 
+def answers_table(summary: dict) -> str:
+    """The answering methods' own figures (bench method `answer`), and the route mix of `auto`/`answer`."""
+    lines = []
+    for method, groups in summary.items():
+        overall = groups["overall"]
+        if "answers" in overall:
+            a = overall["answers"]
+            if not lines:
+                lines = ["| method | answer coverage | citation precision | abstained on Null | false abstention | "
+                         "routes |", "|---|---|---|---|---|---|"]
+            lines.append(f"| {method} | {_fmt(a['answer_coverage'])} | {_fmt(a['citation_precision'])} | "
+                         f"{_fmt(a['abstention_on_null'])} ({a['null']}) | {_fmt(a['false_abstention'])} "
+                         f"({a['answerable']}) | {_routes(overall)} |")
+    return "\n".join(lines)
+
+
+def _routes(overall: dict) -> str:
+    return ", ".join(f"{route} {n}" for route, n in overall.get("routes", {}).items()) or "–"
+
+
 def _keyed(values: dict) -> dict[int, float | None]:
     """JSON turns int keys into strings; accept both."""
     return {int(k): v for k, v in values.items()}

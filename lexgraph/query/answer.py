@@ -119,16 +119,20 @@ def _wants(question: str) -> re.Pattern | None:
 
 
 def best_sentence(question: str, items: list[Evidence], terms: _Terms) -> tuple[float, Evidence, int, int] | None:
-    """(score, item, start, end) of the sentence that best answers the question, or None for no items."""
+    """(score, item, start, end) of the sentence that best answers the question, or None for no items.
+
+    A sentence is read in its chunk: its score mixes the question terms it holds itself, those its
+    chunk holds with its heading path (a "Management" list under "Kestrel Propulsion" answers a
+    question about Kestrel's CEO), and how highly retrieval ranked the chunk."""
     wants = _wants(question)
     best = None
     for position, item in enumerate(items[:READ_ITEMS]):
+        around = terms.coverage(f"{item.heading_path}\n{item.text}")
         for start, end in _sentences(item):
             sentence = item.text[start:end]
-            score = terms.coverage(sentence)
+            score = 0.6 * terms.coverage(sentence) + 0.4 * around - 0.02 * position
             if wants is not None and wants.search(sentence):
-                score += 0.1
-            score -= 0.01 * position  # ties go to the stronger evidence
+                score += 0.05
             if best is None or score > best[0]:
                 best = (score, item, start, end)
     return best

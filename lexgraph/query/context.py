@@ -35,6 +35,7 @@ class Evidence:
     rank: int
     page_start: int | None = None
     page_end: int | None = None
+    heading_path: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -58,7 +59,7 @@ def _evidence(index: RetrievalIndex, row: int, score: float, channel: str, rank:
     r = index.chunks.row(row, named=True)
     return Evidence(r["chunk_id"], r["doc_id"], r["source_path"], int(r["char_start"]), int(r["char_end"]),
                     r["text"], int(r["token_count"]), float(score), channel, rank, r.get("page_start"),
-                    r.get("page_end"))
+                    r.get("page_end"), r.get("heading_path") or "")
 
 
 def build_context(index: RetrievalIndex, fused: np.ndarray, channels: Mapping[str, np.ndarray] | None = None,

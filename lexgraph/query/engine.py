@@ -18,6 +18,7 @@ Recovery:
 """
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -26,7 +27,8 @@ import numpy as np
 
 from lexgraph.query.answer import Answer, ExtractiveAnswerer, _Terms, abstention, best_sentence
 from lexgraph.query.context import Context, build_context
-from lexgraph.query.retrieval import METHODS, Retriever, reciprocal_rank_fusion, sub_queries
+from lexgraph.query.graph_channels import traverse_statements
+from lexgraph.query.retrieval import METHODS, Retriever, reciprocal_rank_fusion, sub_queries, with_params
 from lexgraph.query.router import ROUTES, RouteDecision, Router
 
 ROUTE_CHOICES = ("auto", *ROUTES)
@@ -41,6 +43,7 @@ class QueryParams:
     rrf_k: float = 60.0
     fusion_depth: int = 50
     max_question_chars: int = 4000  # longer questions are refused (the embedder windows anyway)
+    graph_hops: int = 3  # statement traversal depth on the graph route; cut to 2 when over budget
 
 
 class StepFailed(RuntimeError):
@@ -65,8 +68,13 @@ class QueryEngine:
 
     def __init__(self, retriever: Retriever, router: Router | None, answerer, params: QueryParams | None = None,
                  decompose: Callable[[str], list[str]] | None = None):
-        self.retriever, self.router, self.answerer = retriever, router, answerer
+        self.router, self.answerer = router, answerer
         self.params = params or QueryParams()
+        # every channel of one question embeds it: once is enough
+        embed = functools.lru_cache(maxsize=256)(retriever.embed)
+        self.retriever = Retriever(retriever.index, embed, retriever.params, retriever.embed_batch)
+        self._deep = with_params(self.retriever, statement_hops=self.params.graph_hops)
+        self._cut = with_params(self.retriever, statement_hops=min(2, self.params.graph_hops))
         self.decompose = decompose or clause_steps
         self.thin_below = getattr(answerer, "abstain_below", None) or ExtractiveAnswerer(retriever.index.bm25).abstain_below
         self.available = [m for m in METHODS if m not in ("dense", "bm25")]
@@ -112,14 +120,11 @@ class QueryEngine:
     def _graph(self, question: str, decision: RouteDecision | None) -> Retrieval:
         p = self.params
         wanted = [(name, share) for name, share in p.graph_channels if name in self.available]
-        channels = {name: self.retriever.scores(name, question) for name, _ in wanted}
+        channels = {name: self.retriever.scores(name, question) for name, _ in wanted if name != "statement"}
         uncertain = False
-        expansion = getattr(self.retriever, "last_expansion", None)
-        if expansion and expansion.get("over_budget"):  # the statement traversal hit its node limit
-            narrowed = self.retriever.with_hops(2) if hasattr(self.retriever, "with_hops") else None
-            if narrowed is not None:
-                channels["statement"] = narrowed.scores("statement", question)
-            uncertain = True
+        if any(name == "statement" for name, _ in wanted):
+            uncertain = self._over_budget(question)
+            channels["statement"] = (self._cut if uncertain else self._deep).scores("statement", question)
         fused = reciprocal_rank_fusion([(s, 1.0) for s in channels.values()], self.retriever.index.size,
                                        p.rrf_k, p.fusion_depth)
         context = self._context(fused, channels, dict(wanted))
@@ -133,6 +138,15 @@ class QueryEngine:
         fused = reciprocal_rank_fusion(rankings, self.retriever.index.size, self.params.rrf_k,
                                        self.params.fusion_depth)
         return Retrieval("agentic", decision, fused, self._context(fused), steps=steps)
+
+    def _over_budget(self, question: str) -> bool:
+        """The deep statement traversal would fill its whole statement budget: the expansion is cut to 2
+        hops and the answer marked uncertain, since what lies beyond the budget was not read."""
+        graph = self.retriever.index.graph.statements if self.retriever.index.graph is not None else None
+        if graph is None or graph.size == 0:
+            return False
+        found = traverse_statements(graph, self.retriever.embed(question), self._deep.params)
+        return len(found) >= self._deep.params.statement_limit
 
     @staticmethod
     def _step(step: str, run: Callable):

@@ -92,6 +92,25 @@ class QueryLog:
         return out
 
 
+    def summary(self) -> dict:
+        """Route mix, retry, abstention, uncertainty and review rates, and p50/p95 latency per route."""
+        from lexgraph.evaluation.metrics import percentile
+
+        lines = self.lines()
+        n = len(lines) or 1
+        routes = sorted({l.get("route") for l in lines if l.get("route")})
+        latency = {route: [l["latency_ms"]["total"] for l in lines if l.get("route") == route] for route in routes}
+        return {"questions": len(lines),
+                "route_mix": {route: sum(l.get("route") == route for l in lines) for route in routes},
+                "retry_rate": round(sum(bool(l.get("retries")) for l in lines) / n, 4),
+                "abstention_rate": round(sum(bool(l.get("abstained")) for l in lines) / n, 4),
+                "uncertain_rate": round(sum(bool(l.get("uncertain")) for l in lines) / n, 4),
+                "sent_to_review": sum(bool(l.get("review")) for l in lines),
+                "latency_ms": {route: {"p50": percentile(values, 50), "p95": percentile(values, 95)}
+                               for route, values in latency.items()},
+                "llm_calls": sum(l.get("cost", {}).get("llm_calls", 0) for l in lines)}
+
+
 class QueryService:
     def __init__(self, settings: Settings, params: QueryParams | None = None, router=None, use_llm: bool | None = None):
         self.settings, self.params = settings, params or QueryParams()
