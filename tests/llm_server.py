@@ -169,7 +169,8 @@ BOGUS_CITATION_MARKER = "CITE-SOMETHING-ELSE"
 
 def _asks_for(body: dict, field: str) -> bool:
     """Whether the request's response schema (JSON-mode system message or tool parameters) has this field."""
-    return f'"{field}"' in json.dumps(body.get("messages", [])) + json.dumps(body.get("tools", []))
+    texts = [_message_text(m) for m in body.get("messages", [])] + [json.dumps(body.get("tools", []))]
+    return any(f'"{field}"' in text for text in texts)
 
 
 def cited_answer_for(body: dict) -> dict:
