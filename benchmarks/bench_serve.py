@@ -53,6 +53,12 @@ def rss_mb(pid: int) -> tuple[float, float]:
     return values.get("VmRSS", float("nan")), values.get("VmHWM", float("nan"))
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Client:
     """One keep-alive HTTP connection."""
 
@@ -185,6 +191,7 @@ def main() -> None:
         for route in ("semantic", "graph", "agentic"):
             client.ask(questions[1], route)
         logged = len(query_log(scratch))
+        cpu_start = cpu_seconds(server.pid)
 
         # 2. one client, every question once
         sequential: dict[str, list[float]] = defaultdict(list)
@@ -197,6 +204,7 @@ def main() -> None:
                 errors_sequential[status] += 1
         client.close()
         server_sequential = server_latency(query_log(scratch)[logged:])
+        cpu_sequential = cpu_seconds(server.pid) - cpu_start
         logged = len(query_log(scratch))
         print(f"one client: {sum(map(len, sequential.values()))} answers, errors: {dict(errors_sequential) or 0}",
               flush=True)
@@ -232,10 +240,11 @@ def main() -> None:
         for thread in threads:
             thread.start()
         barrier.wait()
-        load_started = time.perf_counter()
+        load_started, cpu_start = time.perf_counter(), cpu_seconds(server.pid)
         for thread in threads:
             thread.join()
         elapsed = time.perf_counter() - load_started
+        cpu_loaded = cpu_seconds(server.pid) - cpu_start
         rss, hwm = rss_mb(server.pid)
         server_loaded = server_latency(query_log(scratch)[logged:])
         answers = sum(map(len, loaded.values()))
@@ -261,6 +270,9 @@ def main() -> None:
     print(f"| errors | {sum(errors.values())}{' ' + str(dict(errors)) if errors else ''} |")
     print(f"| throughput | {answers / elapsed:.2f} answers/s |")
     print(f"| server resident memory after the load (peak) | {rss:.0f} MB ({hwm:.0f} MB) |")
+    n_sequential = sum(map(len, sequential.values()))
+    print(f"| server CPU time per answer: one client / {args.clients} clients | "
+          f"{1000 * cpu_sequential / max(n_sequential, 1):.0f} ms / {1000 * cpu_loaded / max(answers, 1):.0f} ms |")
     print()
     for line in latency_table(f"One client, each of {sum(map(len, sequential.values()))} dev questions once "
                               f"(route auto; latency per route taken), seen by the client:", sequential):
