@@ -87,19 +87,19 @@ class RetrievalParams:
     decompose: bool = True  # also retrieve for the clauses of compound questions (sub_queries)
     decompose_weight: float = 1.0  # the clauses together weigh as much as the whole question
     # the lexical graph's channels (lexgraph.query.graph_channels), tuned on LiHua-World and MuSiQue dev together
-    entity_top: int = 10  # entities taken by query↔entity-vector similarity
+    entity_top: int = 20  # entities taken by query↔entity-vector similarity
     entity_exact_weight: float = 1.0  # weight of an entity named verbatim in the query
     entity_hop_weight: float = 0.3  # share of an entity's weight passed along its relations (one hop)
     entity_neighbours: int = 20  # neighbouring entities added at most
-    entity_evidence_weight: float = 0.5  # λ in cos(q, chunk) + λ·evidence/max(evidence)
-    statement_top: int = 20  # seed statements by query↔statement-vector similarity
-    statement_hops: int = 1  # traversal hops from the seeds (topics in a source, facts/entities across sources)
-    statement_nodes: int = 50  # bridging nodes (topics, facts, entities) expanded at most, all hops together
-    statement_limit: int = 200  # statements scored at most, seeds included
+    entity_evidence_weight: float = 0.25  # λ in cos(q, chunk) + λ·evidence/max(evidence)
+    statement_top: int = 50  # seed statements by query↔statement-vector similarity
+    statement_hops: int = 2  # traversal hops from the seeds (topics in a source, facts/entities across sources)
+    statement_nodes: int = 100  # bridging nodes (topics, facts, entities) expanded at most, all hops together
+    statement_limit: int = 300  # statements scored at most, seeds included
     statement_topic_weight: float = 0.5  # weight of a statement reached through its topic
     statement_link_weight: float = 0.5  # weight of a statement reached through a shared fact or entity
     statement_sum_weight: float = 0.1  # a chunk's score: best statement + this × the sum of its others
-    statement_dense_weight: float = 0.0  # + this × query–chunk cosine
+    statement_dense_weight: float = 1.0  # + this × query–chunk cosine
 
 
 # ---------------------------------------------------------------------------------------------
