@@ -260,7 +260,8 @@ def main() -> None:
     print(f"command: python -m benchmarks.bench_serve --home {args.home} --questions {args.questions} "
           f"--clients {args.clients} --seconds {args.seconds:g}")
     print(f"machine: {os.cpu_count()} cores, load average {load_before} before and {os.getloadavg()[0]:.1f} after; "
-          "server: one uvicorn process, FastAPI thread pool; no LLM")
+          f"server: one uvicorn process, FastAPI thread pool, torch threads "
+          f"{env.get('LEXGRAPH_SERVE_TORCH_THREADS') or 1}; no LLM")
     print()
     print(f"| measure | value |")
     print("|---|---|")

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from lexgraph.query.http_api import check_bind, is_loopback, prefers_html, ServeError
+from lexgraph.query.http_api import ServeError, check_bind, is_loopback, prefers_html, torch_threads
 from orchestration.cli import main as lexgraph
 from tests.conftest import ROOT, SAMPLE_CORPUS, copy_corpus
 
@@ -313,6 +313,13 @@ def test_loopback_and_token_rules():
         check_bind(host, "a-token")
     with pytest.raises(ServeError):
         check_bind(" ", "a-token")
+
+
+def test_torch_threads_setting():
+    assert torch_threads({}) == 1 and torch_threads({"LEXGRAPH_SERVE_TORCH_THREADS": " 2 "}) == 2
+    for bad in ("0", "-1", "two", "1.5", "1000"):
+        with pytest.raises(ServeError, match="LEXGRAPH_SERVE_TORCH_THREADS"):
+            torch_threads({"LEXGRAPH_SERVE_TORCH_THREADS": bad})
 
 
 def test_accept_negotiation():

@@ -25,6 +25,10 @@ from lexgraph.settings import Settings
 
 ROUTES = ("auto", "semantic", "graph", "agentic")
 TOKEN_ENV = "LEXGRAPH_SERVE_TOKEN"
+# torch intra-op threads in the server. Requests already run in parallel (one thread each); a second
+# intra-op thread per request only waits for a core, which on the 2-core machine made answers ~5x
+# slower under load (docs/BENCHMARKS.md, "Serving"). Override for a machine with cores to spare.
+TORCH_THREADS_ENV = "LEXGRAPH_SERVE_TORCH_THREADS"
 # Larger request bodies are refused (413) before they are read whole; the service's own question
 # length limit is far below this, so an over-long question still gets its 422.
 MAX_BODY_BYTES = 1 << 20
@@ -195,7 +199,9 @@ def create_app(service, token: str | None = None, max_body: int = MAX_BODY_BYTES
     from lexgraph.query.provenance_html import CSP, render_provenance_html
     from lexgraph.query.service import QueryError, UnknownQueryError
 
-    app = FastAPI(title="lexgraph", version=_version(),
+    from lexgraph import __version__
+
+    app = FastAPI(title="lexgraph", version=__version__,
                   description="Answers with citations over a lexgraph index, and their provenance.")
     token = (token.strip() or None) if token is not None else None
     app.add_middleware(_Guard, token=token, max_body=max_body)
@@ -244,18 +250,17 @@ def _printable(value) -> str:
     return text if len(text) <= 200 else text[:200] + "…"
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("lexgraph")
-    except PackageNotFoundError:
-        return "unknown"
-
-
 def _message(error: Exception, default: str) -> str:
     # KeyError-style errors repr their argument; show the plain message
     return str(error.args[0]) if error.args and isinstance(error.args[0], str) else (str(error) or default)
+
+
+def torch_threads(environ=None) -> int:
+    environ = os.environ if environ is None else environ
+    raw = environ.get(TORCH_THREADS_ENV, "").strip() or "1"
+    if not raw.isdigit() or not 1 <= int(raw) <= 256:
+        raise ServeError(f"{TORCH_THREADS_ENV} must be a whole number from 1 to 256, got {raw!r}")
+    return int(raw)
 
 
 def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000, token: str | None = None,
@@ -266,7 +271,11 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000, token: 
     check_bind(host, token)
     if not 0 <= port <= 65535:
         raise ServeError(f"the port must be from 0 to 65535, got {port}")
+    threads = torch_threads()
+    import torch
     import uvicorn
+
+    torch.set_num_threads(threads)  # process-wide: the request threads use it too
 
     from lexgraph.query.service import QueryService
 
