@@ -48,13 +48,16 @@ class Settings:
     llm_api_key: str = field(default="", repr=False)
     pii_masking: str = "off"
     entity_types: tuple[str, ...] = tuple(DEFAULT_ENTITY_TYPES)
+    # The query router's own labelled questions (JSON lists of {question, route}), beside the shipped ones.
+    router_exemplars: tuple[Path, ...] = ()
 
     # environment variable of each field, as documented in the README
     ENV = {"home": "LEXGRAPH_HOME", "collection": "LEXGRAPH_COLLECTION", "embed_model": "LEXGRAPH_EMBED_MODEL",
            "chunk_tokens": "LEXGRAPH_CHUNK_TOKENS", "inbox": "LEXGRAPH_INBOX", "knn_k": "LEXGRAPH_KNN_K",
            "knn_mode": "LEXGRAPH_KNN_MODE", "beta": "LEXGRAPH_BETA", "llm_base_url": "LEXGRAPH_LLM_BASE_URL",
            "llm_model": "LEXGRAPH_LLM_MODEL", "llm_api_key": "LEXGRAPH_LLM_API_KEY",
-           "pii_masking": "LEXGRAPH_PII_MASKING", "entity_types": "LEXGRAPH_ENTITY_TYPES"}
+           "pii_masking": "LEXGRAPH_PII_MASKING", "entity_types": "LEXGRAPH_ENTITY_TYPES",
+           "router_exemplars": "LEXGRAPH_ROUTER_EXEMPLARS"}
     # read when the LEXGRAPH_ variable is unset or empty
     FALLBACK_ENV = {"llm_base_url": "OPENAI_BASE_URL", "llm_api_key": "OPENAI_API_KEY"}
 
@@ -115,6 +118,10 @@ class Settings:
         if self.pii_masking not in PII_MASKING:
             raise SettingsError(f"LEXGRAPH_PII_MASKING must be one of {', '.join(PII_MASKING)}, "
                                 f"got {self.pii_masking!r}")
+        for path in self.router_exemplars:
+            if not Path(path).is_file():
+                raise SettingsError(f"LEXGRAPH_ROUTER_EXEMPLARS names {str(path)!r}, which is not a file (a "
+                                    "comma-separated list of JSON files of {question, route} records)")
         if (not self.entity_types or any(not t.strip() or "," in t for t in self.entity_types)
                 or len(set(self.entity_types)) != len(self.entity_types)):
             raise SettingsError("LEXGRAPH_ENTITY_TYPES must be a comma-separated list of distinct, non-empty "
@@ -203,6 +210,8 @@ def _parse(variable: str, raw: str, default, environ: Mapping[str, str]):
         return _SWITCH.get(word, word)
     if variable == "LEXGRAPH_ENTITY_TYPES":
         return tuple(part.strip().casefold() for part in raw.split(","))
+    if variable == "LEXGRAPH_ROUTER_EXEMPLARS":
+        return tuple(Path(part.strip()) for part in raw.split(",") if part.strip())
     try:
         if kind is int:
             return int(raw)

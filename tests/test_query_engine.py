@@ -215,3 +215,24 @@ def test_the_query_log_asset_summarises_routes_rates_and_latency(service, sample
     assert metadata["questions"] == len(lines) and sum(metadata["route_mix"].values()) == len(lines)
     assert metadata["route_mix"]["graph"] >= 1 and "| graph |" in metadata["latency"]
     assert metadata["abstention_rate"] == round(sum(l["abstained"] for l in lines) / len(lines), 4)
+
+
+def test_a_deployment_adds_its_own_router_exemplars(sample_home, tmp_path, monkeypatch):
+    from lexgraph.settings import SettingsError
+
+    own = tmp_path / "ours.json"
+    own.write_text(json.dumps([{"question": f"Tally the {thing} across every vessel and port", "route": "graph"}
+                               for thing in ("cranes", "berths", "pilots", "tugs", "moorings", "fenders",
+                                             "bollards", "gangways", "ramps", "cargo holds", "lifeboats", "anchors")]))
+    question = "Tally the hatches across every vessel and port"
+    shipped = QueryService(Settings.from_env(home=sample_home), use_llm=False)
+    monkeypatch.setenv("LEXGRAPH_ROUTER_EXEMPLARS", str(own))
+    ours = QueryService(Settings.from_env(home=sample_home), use_llm=False)
+    assert ours.ask(question)["route"] == "graph"
+    assert len(ours.engine().router.labels) == len(shipped.engine().router.labels) + 12
+    monkeypatch.setenv("LEXGRAPH_ROUTER_EXEMPLARS", str(tmp_path / "missing.json"))
+    with pytest.raises(SettingsError, match="LEXGRAPH_ROUTER_EXEMPLARS"):
+        Settings.from_env(home=sample_home)
+    own.write_text(json.dumps([{"question": "x", "route": "telepathic"}]))
+    with pytest.raises(ValueError, match="ours.json: unknown route"):
+        load_exemplars([own])

@@ -23,7 +23,7 @@ def build_engine(retriever: Retriever, budget: int):
     from lexgraph.query.engine import QueryEngine, QueryParams
     from lexgraph.query.router import Router, default_exemplars
 
-    exemplars = default_exemplars()
+    exemplars = default_exemplars(retriever.index.settings.router_exemplars if retriever.index.settings else ())
     router = Router(exemplars, retriever.embed_batch or (lambda qs: [retriever.embed(q) for q in qs])) \
         if exemplars else None
     return QueryEngine(retriever, router, ExtractiveAnswerer(retriever.index.bm25), QueryParams(budget=budget))

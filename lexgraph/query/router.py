@@ -52,21 +52,26 @@ class RouteDecision:
 
 
 def load_exemplars(paths: Iterable[Path]) -> list[Exemplar]:
-    """Exemplars from JSON lists of {question, route}; a missing file is skipped, a bad one raises ValueError."""
+    """Exemplars from JSON lists of {question, route}; a missing file is skipped, a bad one raises ValueError
+    naming it (a record whose route is not one of ROUTES too: a typo must not silently drop exemplars)."""
     out = []
     for path in paths:
         if not Path(path).exists():
             continue
         try:
             records = json.loads(Path(path).read_text(encoding="utf-8"))
-            out += [Exemplar(r["question"], r["route"]) for r in records if r.get("route") in ROUTES]
+            out += [Exemplar(r["question"], r["route"]) for r in records]
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise ValueError(f"{path}: not a list of {{question, route}} exemplars ({error})") from None
+        wrong = sorted({e.route for e in out} - set(ROUTES))
+        if wrong:
+            raise ValueError(f"{path}: unknown route(s) {', '.join(map(str, wrong))}; expected {', '.join(ROUTES)}")
     return out
 
 
-def default_exemplars() -> list[Exemplar]:
-    return load_exemplars(SAMPLE / name for name in EXEMPLAR_FILES)
+def default_exemplars(extra: Iterable[Path] = ()) -> list[Exemplar]:
+    """The shipped exemplars, plus a deployment's own labelled questions (LEXGRAPH_ROUTER_EXEMPLARS)."""
+    return load_exemplars([*(SAMPLE / name for name in EXEMPLAR_FILES), *extra])
 
 
 def features(question: str) -> np.ndarray:

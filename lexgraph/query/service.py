@@ -151,7 +151,7 @@ class QueryService:
         embedder = index.embedder()
         router = self._router
         if router is None:
-            exemplars = default_exemplars()
+            exemplars = default_exemplars(self.settings.router_exemplars)
             router = Router(exemplars, embedder.embed_queries) if exemplars else None
         extractive = ExtractiveAnswerer(retriever.index.bm25)
         answerer, decompose = extractive, None
