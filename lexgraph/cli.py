@@ -208,6 +208,11 @@ def cmd_ask(args: argparse.Namespace) -> int:
     from lexgraph.index import EmptyIndexError
     from lexgraph.query.service import QueryError, QueryService
 
+    try:
+        args.question.encode("utf-8")
+    except UnicodeEncodeError:  # bytes that are not UTF-8 on the command line arrive as lone surrogates
+        print("error: the question is not valid UTF-8 text", file=sys.stderr)
+        return 2
     service = QueryService(_settings(args))
     try:
         answer = service.ask(args.question, route=args.route)

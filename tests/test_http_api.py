@@ -359,7 +359,7 @@ def test_ask_prints_the_answer_and_numbered_citations(indexed, capsys):
     assert re.match(r"^route: semantic  confidence: ", lines[-1]), lines[-1]
 
 
-@pytest.mark.parametrize("question", ["", "   ", "\x00\x01", "x" * 200_000])
+@pytest.mark.parametrize("question", ["", "   ", "\x00\x01", "x" * 200_000, "Kestrel \udced\udca0\udc80 CEO"])
 def test_ask_refuses_a_bad_question(indexed, capsys, question):
     _, home, _ = indexed
     assert lexgraph(["--home", str(home), "ask", question]) == 2
