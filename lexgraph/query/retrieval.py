@@ -1,6 +1,7 @@
 """Query channels over an indexed corpus, each giving ranked chunk hits: dense, BM25, KET-RAG's
 keyword channel, their fusion, and the lexical graph's statement and entity channels (in
-lexgraph.query.graph_channels; not part of the hybrid's default fusion).
+lexgraph.query.graph_channels) and path channel (lexgraph.query.path_channel); the graph channels are not
+part of the hybrid's default fusion.
 
 Why one in-memory view: a benchmark asks hundreds of questions of the same index, so the chunk
 vectors, the BM25 weights, the keyword vectors and the keyword→chunk links are read once from
@@ -22,11 +23,11 @@ from lexgraph.build import corpus_index as ci
 from lexgraph.evaluation.metrics import document_key
 from lexgraph.storage.extract_store import ExtractStore
 from lexgraph.extract.keywords import STOPWORDS, sentence_keywords
-from lexgraph.query import graph_channels
+from lexgraph.query import graph_channels, path_channel
 from lexgraph.settings import Settings
 from lexgraph.storage.vector_store import KEYWORDS, VectorStore
 
-METHODS = ("dense", "bm25", "keyword", "hybrid", "statement", "entity")
+METHODS = ("dense", "bm25", "keyword", "hybrid", "statement", "entity", "path")
 DEFAULT_TOP_N = 50
 _TOKEN = re.compile(r"[^\W_]+")
 # "WolfgangSchulz" (a chat speaker) and "Wolfgang" (in the question) must meet: split camel case.
@@ -100,6 +101,21 @@ class RetrievalParams:
     statement_link_weight: float = 0.5  # weight of a statement reached through a shared fact or entity
     statement_sum_weight: float = 0.1  # a chunk's score: best statement + this × the sum of its others
     statement_dense_weight: float = 1.0  # + this × query–chunk cosine
+    # path channel (lexgraph.query.path_channel): entity paths toward the answer type, tuned on both dev sets
+    path_start_top: int = 10  # start entities taken by query↔entity-vector similarity (plus verbatim names)
+    path_exact_weight: float = 1.0  # weight of a start entity named verbatim in the query
+    path_hops: int = 2  # hops along relations (1–2; at most 3 are ever expanded)
+    path_fanout: int = 20  # strongest relations followed from each node
+    path_beam: int = 50  # partial paths carried to the next hop
+    path_max_paths: int = 200  # paths kept in all (start entities' 0-hop paths included)
+    path_hop_decay: float = 0.7  # a 2-hop path's score × this
+    path_type_bonus: float = 0.5  # added to the end entity's relevance when its type fits the question word
+    path_bridge_bonus: float = 0.5  # × its start weight, when a path ends at another of the query's entities
+    path_self_weight: float = 0.5  # the start entities themselves as 0-hop paths (0: off)
+    path_start_share: float = 0.5  # role weights of a path's entities in a chunk: end 1, start this,
+    path_mid_share: float = 0.5  # middle this
+    path_sum_weight: float = 0.1  # a chunk's evidence: best path + this × the sum of the others
+    path_evidence_weight: float = 0.25  # λ in cos(q, chunk) + λ·evidence/max(evidence)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -369,6 +385,8 @@ class Retriever:
             return graph_channels.statement_scores(self.index, query, query_vector, self.params)
         if method == "entity":
             return graph_channels.entity_scores(self.index, query, query_vector, self.params)
+        if method == "path":
+            return path_channel.path_scores(self.index, query, query_vector, self.params)
         return keyword_scores(self.index, query, query_vector, self.params)
 
     def embed_many(self, texts: list[str]) -> list[np.ndarray]:

@@ -1,0 +1,355 @@
+"""The lexical graph's ``path`` retrieval channel (DESIGN.md §5, issue 9): MiniRAG-style path scoring, short
+entity paths from the query's entities toward entities of the type the question asks for.
+
+It reads the entity graph :func:`lexgraph.query.graph_channels.load_lexical_graph` put in
+``RetrievalIndex.graph.entities`` (entity vectors, names, relation shares, the entity→chunk mention matrix,
+idf) and, once per loaded graph, the entities' types from the LanceDB ``entities`` table (the resolver's
+majority type; an index without the column treats every entity as "other").
+
+**Start entities** (:func:`start_entities`): the entity names found verbatim in the query
+(:func:`graph_channels.query_entities`, weight ``path_exact_weight``) and the ``path_start_top`` nearest entity
+vectors (weighted by their cosine with the query).
+
+**Answer types** (:func:`answer_types`): the question word, or the noun after "which"/"what", names the entity
+types a good answer has: who → person, organization; where → location; when / what year → date, event;
+how much → money; "which company" → organization, "which ship" → vessel... (the heuristic extractor's and the
+LLM schema's types, ``lexgraph.extract.schemas.DEFAULT_ENTITY_TYPES``). A question with none gives no bonus.
+
+**Paths** (:func:`find_paths`): a beam search along the relations, at most ``path_hops`` hops (1–2), each node
+followed to its ``path_fanout`` strongest relations, the ``path_beam`` best partial paths carried to the next
+hop; the ``path_max_paths`` best paths are kept in all. A path s → … → e scores
+
+    weight(s) × path_hop_decay^(hops − 1) × (geometric mean of its edge strengths)
+              × (relevance(e) + path_type_bonus × [type(e) is an answer type]
+                 + path_bridge_bonus × weight(e) when s and e are both named in the query)
+
+where an edge's strength is its relation strength relative to the strongest relation of the node it leaves
+(so a hub's many weak co-occurrences count little), relevance(e) is the end entity's cosine with the query,
+and a path never revisits a start entity. The start entities themselves are 0-hop paths, scored
+``path_self_weight`` × weight × (relevance + type bonus).
+
+**Chunks**: a path hands its score to the chunks that mention its entities, in the share
+(Σ role weight × idf share of the entities mentioned) / (Σ role weights), with roles end 1, start
+``path_start_share``, middle ``path_mid_share`` (idf share = idf / max idf: an entity in every chunk adds
+little), so a chunk where start and end co-occur gets the most. A chunk's evidence is its best path + ``path_sum_weight``
+× the sum of the others; the channel scores the chunks with evidence by query–chunk cosine + ``path_evidence_weight``
+× evidence / max evidence, as the keyword and entity channels do. Everything else is -inf, as is every chunk of an
+index without a lexical graph.
+
+No Dagster here (DESIGN.md §2).
+"""
+from __future__ import annotations
+
+import math
+import re
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import scipy.sparse as sp
+
+from lexgraph.extract.schemas import DEFAULT_ENTITY_TYPES, FALLBACK_TYPE, normalise_entity_type
+from lexgraph.build.resolution import normalise_entity_name
+from lexgraph.extract.keywords import STOPWORDS
+from lexgraph.query.graph_channels import MAX_NAME_WORDS, MAX_QUERY_WORDS, EntityGraph, compact_key, query_entities
+from lexgraph.storage.vector_store import ENTITIES, VectorStore
+
+if TYPE_CHECKING:
+    from lexgraph.query.retrieval import RetrievalIndex, RetrievalParams
+
+# Only the start of a question is read for its question word and answer noun.
+_HEAD_CHARS = 400
+_WORD = re.compile(r"[a-z]+")
+
+# question words -> answer types
+_QUESTION_WORDS: dict[str, tuple[str, ...]] = {
+    "who": ("person", "organization"), "whom": ("person", "organization"), "whose": ("person", "organization"),
+    "where": ("location",), "whereabouts": ("location",),
+    "when": ("date", "event"),
+}
+# nouns after which / what / how (and "in what year"): the answer's type
+_ANSWER_NOUNS: dict[str, tuple[str, ...]] = {
+    **{w: ("person",) for w in (
+        "person", "people", "man", "woman", "men", "women", "player", "actor", "actress", "singer", "author",
+        "writer", "director", "president", "ceo", "chairman", "chair", "captain", "founder", "owner", "artist",
+        "composer", "member", "leader", "king", "queen", "manager", "arbitrator", "signatory", "employee",
+        "friend", "colleague", "neighbour", "neighbor", "producer", "musician", "band member", "character",
+        "politician", "coach", "scientist", "wife", "husband", "son", "daughter", "father", "mother", "brother",
+        "sister", "spouse", "partner")},
+    **{w: ("organization",) for w in (
+        "company", "companies", "organisation", "organization", "firm", "business", "corporation", "agency",
+        "institution", "team", "club", "band", "group", "university", "school", "college", "party", "supplier",
+        "customer", "client", "vendor", "subsidiary", "insurer", "bank", "network", "label", "publisher",
+        "studio", "store", "shop", "restaurant", "brand", "operator", "contractor", "airline", "shipbuilder",
+        "shipyard", "yard", "manufacturer", "maker", "builder", "employer", "broadcaster", "channel")},
+    **{w: ("location",) for w in (
+        "place", "location", "city", "town", "country", "state", "region", "province", "county", "village",
+        "port", "site", "venue", "river", "island", "continent", "capital", "street", "address", "area",
+        "district", "headquarters", "park", "building", "mountain", "lake", "sea", "ocean", "nation")},
+    **{w: ("date", "event") for w in (
+        "year", "years", "date", "day", "month", "time", "century", "decade", "season", "week", "period", "era")},
+    **{w: ("event",) for w in ("event", "meeting", "match", "game", "war", "battle", "festival", "concert",
+                               "election", "tournament", "competition", "ceremony", "conference", "party")},
+    **{w: ("vessel",) for w in ("vessel", "ship", "boat", "hull", "tanker", "ferry")},
+    **{w: ("contract",) for w in ("contract", "agreement", "order", "amendment", "treaty", "deal")},
+    **{w: ("product",) for w in ("product", "engine", "device", "model", "item", "software", "app", "game",
+                                 "book", "album", "song", "film", "movie", "show", "series")},
+    **{w: ("money",) for w in ("price", "cost", "amount", "fee", "salary", "budget", "value", "sum", "fine",
+                               "penalty")},
+}
+PARTIAL_NAME_SHARE = 0.8  # a start entity named in part ("Helene Strand") weighs this share of a full name
+_FILLERS = {"is", "was", "are", "were", "the", "a", "an", "name", "names", "of", "kind", "type", "sort", "exact",
+            "specific", "particular", "other", "two", "one"}
+_DETERMINERS = {"which", "what", "whose", "waht"}
+
+
+def answer_types(question: str, allowed: tuple[str, ...] = DEFAULT_ENTITY_TYPES) -> frozenset[str]:
+    """The entity types a good answer to this question has (empty when the question does not say)."""
+    words = _WORD.findall(question[:_HEAD_CHARS].casefold())
+    wanted: list[str] = []
+    for i, word in enumerate(words[:12]):
+        if word in _QUESTION_WORDS:
+            wanted += _QUESTION_WORDS[word]
+            if word != "whose":
+                break
+        if word in _DETERMINERS:
+            # "which company", "what year", "in what city", "what is the name of the ship": the first word
+            # after the determiner that is not a filler
+            noun = next((w for w in words[i + 1:i + 8] if w not in _FILLERS), "")
+            kinds = _ANSWER_NOUNS.get(noun) or _ANSWER_NOUNS.get(noun[:-1] if noun.endswith("s") else noun)
+            if not kinds and noun:
+                kind = normalise_entity_type(noun, allowed)
+                kinds = (kind,) if kind != FALLBACK_TYPE else ()
+            wanted += kinds or ()
+            break
+        if word == "how" and i + 1 < len(words):
+            follower = words[i + 1]
+            if follower in ("much", "expensive"):
+                wanted.append("money")
+            elif follower in ("long", "old", "soon"):
+                wanted += ["date", "event"]
+            break
+    return frozenset(kind for kind in wanted if kind in allowed)
+
+
+# ---------------------------------------------------------------------------------------------
+# entity types, read once per loaded entity graph
+
+_TYPES_LOCK = threading.Lock()
+
+
+def entity_types(index: RetrievalIndex, graph: EntityGraph) -> np.ndarray:
+    """Each entity's type (an object array aligned with graph.ids), read from the LanceDB entities table on first
+    use and kept on the graph object; "other" for all when the table has no type column."""
+    cached = getattr(graph, "_path_types", None)
+    if cached is not None:
+        return cached
+    with _TYPES_LOCK:
+        cached = getattr(graph, "_path_types", None)
+        if cached is not None:
+            return cached
+        types = np.full(graph.size, FALLBACK_TYPE, dtype=object)
+        try:
+            store = VectorStore(index.settings.lance_uri)
+            if ENTITIES in store.table_names():
+                table = store.db.open_table(ENTITIES).to_arrow()
+                if "entity_type" in table.schema.names and "entity_id" in table.schema.names:
+                    row_of = {e: i for i, e in enumerate(graph.ids)}
+                    for entity, kind in zip(table.column("entity_id").to_pylist(),
+                                            table.column("entity_type").to_pylist()):
+                        if entity in row_of and kind:
+                            types[row_of[entity]] = str(kind)
+        except Exception as error:  # noqa: BLE001 - a damaged table costs the type bonus, not the query
+            warnings.warn(f"path channel: entity types not readable ({error}); no answer-type bonus", stacklevel=2)
+        graph._path_types = types  # type: ignore[attr-defined]
+        return types
+
+
+def partial_names(graph: EntityGraph) -> dict[str, int]:
+    """Runs of two or more words inside longer entity names ("Helene Strand" in "Professor Helene Strand"),
+    by compact key, each naming exactly one entity (ambiguous runs are dropped). Built on first use."""
+    cached = getattr(graph, "_path_partials", None)
+    if cached is not None:
+        return cached
+    runs: dict[str, int] = {}
+    ambiguous: set[str] = set()
+    for i, name in enumerate(graph.names):
+        words = normalise_entity_name(name or "").split()[:MAX_NAME_WORDS * 2]
+        if len(words) < 3:
+            continue
+        for start in range(len(words)):
+            for end in range(start + 2, min(start + MAX_NAME_WORDS, len(words)) + 1):
+                if end - start == len(words):
+                    continue
+                key = "".join(words[start:end])
+                if key in graph.lookup or all(w in STOPWORDS for w in words[start:end]):
+                    continue
+                if runs.get(key, i) != i:
+                    ambiguous.add(key)
+                runs[key] = i
+    for key in ambiguous:
+        runs.pop(key, None)
+    graph._path_partials = runs  # type: ignore[attr-defined]
+    return runs
+
+
+def partial_query_entities(graph: EntityGraph, query: str) -> list[int]:
+    """Entities a run of the query's words names in part (two or more words of a longer name)."""
+    runs = partial_names(graph)
+    if not runs:
+        return []
+    words = re.findall(r"\S+", query[: MAX_QUERY_WORDS * 64])[:MAX_QUERY_WORDS]
+    found: dict[int, None] = {}
+    for start in range(len(words)):
+        for end in range(start + 2, min(start + MAX_NAME_WORDS, len(words)) + 1):
+            key = compact_key(" ".join(words[start:end]))
+            if key in runs:
+                found.setdefault(runs[key])
+    return list(found)
+
+
+# ---------------------------------------------------------------------------------------------
+# paths
+
+
+@dataclass(frozen=True)
+class EntityPath:
+    nodes: tuple[int, ...]  # entity rows, start first (one node: the start entity alone)
+    score: float
+    edges: tuple[float, ...]  # relative strength of each edge
+    fits: bool  # the end entity's type is an answer type
+
+    @property
+    def hops(self) -> int:
+        return len(self.nodes) - 1
+
+
+def start_entities(graph: EntityGraph, query: str, similarity: np.ndarray, params: RetrievalParams) -> dict[int, float]:
+    """Start entities and their weights: verbatim names in the query (a part of a longer name: 0.8 of the
+    weight), then the nearest entity vectors."""
+    starts: dict[int, float] = {}
+    for i in partial_query_entities(graph, query):
+        starts[i] = PARTIAL_NAME_SHARE * params.path_exact_weight
+    for i in query_entities(graph, query):
+        starts[i] = params.path_exact_weight
+    top = min(max(params.path_start_top, 0), graph.size)
+    if top > 0:
+        for i in np.argpartition(-similarity, top - 1)[:top]:
+            value = float(similarity[i])
+            if value > 0 and value > starts.get(int(i), 0.0):
+                starts[int(i)] = value
+    return starts
+
+
+def find_paths(index: RetrievalIndex, graph: EntityGraph, query: str, query_vector: np.ndarray,
+               params: RetrievalParams) -> list[EntityPath]:
+    """The best entity paths for the query, best first, within the hop, fan-out, beam and path budgets."""
+    limit = max(params.path_max_paths, 0)
+    if limit == 0 or graph.size == 0:
+        return []
+    similarity = graph.unit_vectors @ query_vector.astype(np.float32)
+    relevance = np.clip(similarity, 0, None)
+    starts = start_entities(graph, query, similarity, params)
+    if not starts:
+        return []
+    named = {s for s, weight in starts.items() if weight >= PARTIAL_NAME_SHARE * params.path_exact_weight}
+    types = entity_types(index, graph)
+    wanted = answer_types(query)
+    fits = np.fromiter((t in wanted for t in types), dtype=bool, count=graph.size) if wanted else np.zeros(graph.size, bool)
+    bonus = params.path_type_bonus
+
+    def end_value(e: int) -> float:
+        return float(relevance[e]) + (bonus if fits[e] else 0.0)
+
+    paths: list[EntityPath] = []
+    if params.path_self_weight > 0:
+        for s, weight in starts.items():
+            score = params.path_self_weight * weight * end_value(s)
+            if score > 0:
+                paths.append(EntityPath((s,), score, (), bool(fits[s])))
+    relations = graph.relations
+    fanout = max(params.path_fanout, 1)
+    # beam entries: (nodes, edge strengths, start weight, partial score)
+    frontier = [((s,), (), w, w) for s, w in starts.items()]
+    frontier.sort(key=lambda f: (-f[3], f[0]))
+    for hop in range(1, min(max(params.path_hops, 0), 3) + 1):
+        if not frontier or not relations.nnz:
+            break
+        grown = []
+        for nodes, edges, weight, _ in frontier:
+            last = nodes[-1]
+            lo, hi = relations.indptr[last], relations.indptr[last + 1]
+            if lo == hi:
+                continue
+            neighbours, shares = relations.indices[lo:hi], relations.data[lo:hi]
+            strongest = float(shares.max())
+            if len(neighbours) > fanout:
+                keep = np.argpartition(-shares, fanout - 1)[:fanout]
+                neighbours, shares = neighbours[keep], shares[keep]
+            for n, share in zip(neighbours.tolist(), shares.tolist()):
+                if n in nodes:
+                    continue
+                path_edges = (*edges, share / strongest)
+                strength = math.prod(path_edges) ** (1 / len(path_edges))
+                partial = weight * params.path_hop_decay ** (hop - 1) * strength
+                grown.append(((*nodes, n), path_edges, weight, partial))
+        for nodes, path_edges, _, partial in grown:
+            end = nodes[-1]
+            # a path joining two of the query's entities ("what links A and B") gains their bridge bonus
+            bridge = params.path_bridge_bonus * starts[end] if end in named and nodes[0] in named else 0.0
+            score = partial * (end_value(end) + bridge)
+            if score > 0:
+                paths.append(EntityPath(nodes, score, path_edges, bool(fits[nodes[-1]])))
+        grown.sort(key=lambda f: (-f[3], f[0]))
+        frontier = grown[:max(params.path_beam, 0)]
+    paths.sort(key=lambda p: (-p.score, p.nodes))
+    return paths[:limit]
+
+
+def path_evidence(graph: EntityGraph, paths: list[EntityPath], params: RetrievalParams) -> np.ndarray:
+    """Per chunk: the best path's share + path_sum_weight × the others' (0 where no path entity is mentioned)."""
+    n_chunks = graph.mentions.shape[1]
+    if not paths:
+        return np.zeros(n_chunks)
+    idf_share = graph.idf / max(float(graph.idf.max()), 1e-12)
+    rows, cols, values = [], [], []
+    for p, path in enumerate(paths):
+        roles: dict[int, float] = {}
+        for position, node in enumerate(path.nodes):
+            if position == len(path.nodes) - 1:
+                role = 1.0
+            elif position == 0:
+                role = params.path_start_share
+            else:
+                role = params.path_mid_share
+            roles[node] = max(roles.get(node, 0.0), role)
+        total = sum(roles.values())
+        for node, role in roles.items():
+            if role > 0:
+                rows.append(p)
+                cols.append(node)
+                values.append(path.score * role * idf_share[node] / total)
+    weights = sp.csr_matrix((values, (rows, cols)), shape=(len(paths), graph.size))
+    per_path = (weights @ graph.mentions).tocsr()  # paths × chunks
+    if not per_path.nnz:
+        return np.zeros(n_chunks)
+    best = per_path.max(axis=0).toarray().ravel()
+    total = np.asarray(per_path.sum(axis=0)).ravel()
+    return best + params.path_sum_weight * (total - best)
+
+
+def path_scores(index: RetrievalIndex, query: str, query_vector: np.ndarray, params: RetrievalParams) -> np.ndarray:
+    """The path channel: a score per chunk (-inf where no path of the query's entities reaches it)."""
+    scores = np.full(index.size, -np.inf)
+    graph = index.graph.entities if index.graph is not None else None
+    if graph is None or graph.size == 0 or not graph.mentions.nnz:
+        return scores
+    paths = find_paths(index, graph, query, query_vector, params)
+    evidence = path_evidence(graph, paths, params)
+    candidates = evidence > 0
+    if candidates.any():
+        cosine = index.vectors[candidates] @ query_vector
+        scores[candidates] = cosine + params.path_evidence_weight * evidence[candidates] / evidence.max()
+    return scores
