@@ -7,8 +7,9 @@ idf) and, once per loaded graph, the entities' types from the LanceDB ``entities
 majority type; an index without the column treats every entity as "other").
 
 **Start entities** (:func:`start_entities`): the entity names found verbatim in the query
-(:func:`graph_channels.query_entities`, weight ``path_exact_weight``) and the ``path_start_top`` nearest entity
-vectors (weighted by their cosine with the query).
+(:func:`graph_channels.query_entities`, weight ``path_exact_weight``), runs of two or more words of a longer
+name ("Helene Strand" for "Professor Helene Strand", 0.8 of that weight, when the run names one entity only),
+and the ``path_start_top`` nearest entity vectors (weighted by their cosine with the query).
 
 **Answer types** (:func:`answer_types`): the question word, or the noun after "which"/"what", names the entity
 types a good answer has: who → person, organization; where → location; when / what year → date, event;
@@ -257,7 +258,9 @@ def find_paths(index: RetrievalIndex, graph: EntityGraph, query: str, query_vect
     named = {s for s, weight in starts.items() if weight >= PARTIAL_NAME_SHARE * params.path_exact_weight}
     types = entity_types(index, graph)
     wanted = answer_types(query)
-    fits = np.fromiter((t in wanted for t in types), dtype=bool, count=graph.size) if wanted else np.zeros(graph.size, bool)
+    fits = np.zeros(graph.size, dtype=bool)
+    for kind in wanted:
+        fits |= types == kind
     bonus = params.path_type_bonus
 
     def end_value(e: int) -> float:
