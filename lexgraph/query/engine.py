@@ -69,6 +69,7 @@ class QueryEngine:
     def __init__(self, retriever: Retriever, router: Router | None, answerer, params: QueryParams | None = None,
                  decompose: Callable[[str], list[str]] | None = None):
         self.router, self.answerer = router, answerer
+        self.catalog: dict[str, str] = {}  # doc_id -> content hash of the index it was loaded from
         self.params = params or QueryParams()
         # every channel of one question embeds it: once is enough
         embed = functools.lru_cache(maxsize=256)(retriever.embed)

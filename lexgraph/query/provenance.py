@@ -17,12 +17,13 @@ from lexgraph.storage.vector_store import VectorStore
 CONTEXT_CHARS = 400
 
 
-def index_identity(settings: Settings) -> dict:
+def index_identity(settings: Settings, catalog: dict[str, str] | None = None) -> dict:
+    """Which index an answer was read from. catalog: doc_id -> content hash, when the caller has it."""
     from lexgraph import __version__
 
+    catalog = VectorStore(settings.lance_uri).indexed_hashes() if catalog is None else catalog
     return {"index_version": settings.index_version, "lexgraph_version": __version__,
-            "catalog_digest": catalog_digest(VectorStore(settings.lance_uri).indexed_hashes()),
-            "index_dir": str(settings.index_dir)}
+            "catalog_digest": catalog_digest(catalog), "index_dir": str(settings.index_dir)}
 
 
 def _statement_for(store: ExtractStore, doc_id: str, chunk_id: str, cited: str) -> dict | None:
@@ -37,11 +38,11 @@ def _statement_for(store: ExtractStore, doc_id: str, chunk_id: str, cited: str) 
     return max(rows, key=lambda r: len(words & set(r["text"].lower().split())))
 
 
-def citation_provenance(settings: Settings, citations: Sequence) -> list[dict]:
+def citation_provenance(settings: Settings, citations: Sequence, catalog: dict[str, str] | None = None) -> list[dict]:
     """Each citation with its document and chunk ids, source sha256, surrounding text, and the provenance
     of the statement it rests on (the extractor, model and prompt version; None for a plain chunk)."""
     store = ExtractStore(settings.extract_dir)
-    hashes = VectorStore(settings.lance_uri).indexed_hashes()
+    hashes = VectorStore(settings.lance_uri).indexed_hashes() if catalog is None else catalog
     out = []
     for citation in citations:
         sha = hashes.get(citation.doc_id)

@@ -18,10 +18,12 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
+from lexgraph.build.corpus_index import catalog_digest
 from lexgraph.query.answer import Answer, ExtractiveAnswerer, LLMAnswerer
 from lexgraph.query.engine import ROUTE_CHOICES, QueryEngine, QueryParams, Retrieval
 from lexgraph.query.provenance import citation_provenance, index_identity
 from lexgraph.settings import Settings
+from lexgraph.storage.vector_store import VectorStore
 
 RELOAD_CHECK_SECONDS = 2.0
 
@@ -38,7 +40,8 @@ def clean_question(question: object, limit: int) -> str:
     """The question with control characters removed; QueryError when nothing askable is left."""
     if not isinstance(question, str):
         raise QueryError(f"the question must be text, got {type(question).__name__}")
-    cleaned = "".join(" " if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") else c for c in question)
+    # control, format, separator and lone-surrogate characters (the last cannot even be encoded)
+    cleaned = "".join(" " if unicodedata.category(c) in ("Cc", "Cf", "Cs", "Zl", "Zp") else c for c in question)
     cleaned = " ".join(cleaned.split())
     if not cleaned:
         raise QueryError("the question is empty")
@@ -120,27 +123,39 @@ class QueryService:
         self._signature: str | None = None
         self._checked = 0.0
         self._lock = threading.Lock()
+        self._loading = threading.Lock()
         self._llm = None
 
     # -- loading ----------------------------------------------------------------------------------------
 
-    def _index_signature(self) -> str:
-        """Changes whenever ingestion or a corpus update changes what queries read."""
-        identity = index_identity(self.settings)
+    def _index_signature(self) -> tuple[str, dict[str, str]]:
+        """(signature, catalog): the signature changes whenever ingestion or a corpus update changes what
+        queries read; the catalog (doc_id -> content hash) is kept with the engine loaded from it."""
+        catalog = VectorStore(self.settings.lance_uri).indexed_hashes()
         built = Path(self.settings.index_dir) / "corpus" / "built_from.json"
         stamp = built.stat().st_mtime_ns if built.exists() else 0
-        return f"{identity['catalog_digest']}|{stamp}"
+        return f"{catalog_digest(catalog)}|{stamp}", catalog
 
     def engine(self) -> QueryEngine:
+        """The loaded engine; a changed index is loaded beside it while questions go on being answered by
+        the old one, then swapped in (only the first load makes callers wait)."""
         with self._lock:
             now = time.monotonic()
             if self._engine is not None and now - self._checked < RELOAD_CHECK_SECONDS:
                 return self._engine
             self._checked = now
-            signature = self._index_signature()
-            if self._engine is None or signature != self._signature:
-                self._engine, self._signature = self._load(), signature
-            return self._engine
+            current, known = self._engine, self._signature
+        signature, catalog = self._index_signature()
+        if current is not None and signature == known:
+            return current
+        with self._loading:  # one load at a time; a caller that waited finds it done
+            if self._signature == signature and self._engine is not None:
+                return self._engine
+            engine = self._load()
+            engine.catalog = catalog  # what the answers of this engine cite: their provenance reads it
+            with self._lock:
+                self._engine, self._signature = engine, signature
+            return engine
 
     def _load(self) -> QueryEngine:
         from lexgraph.index import LexIndex
@@ -189,8 +204,10 @@ class QueryService:
             self.log.append(self.log.review_queue, {"query_id": query_id, "question": question,
                                                     "reason": retrieval.review, "at": log_line["at"]})
         response = self._response(query_id, question, retrieval, answer)
-        record = {**response, "asked_at": log_line["at"], "log": log_line, "index": index_identity(self.settings),
-                  "citations": citation_provenance(self.settings, answer.citations)}
+        catalog = engine.catalog
+        record = {**response, "asked_at": log_line["at"], "log": log_line,
+                  "index": index_identity(self.settings, catalog),
+                  "citations": citation_provenance(self.settings, answer.citations, catalog)}
         response["provenance"] = {k: record[k] for k in ("asked_at", "index")} | {
             "route_reason": log_line["reason"], "answerer": answer.answerer, "evidence_items": len(retrieval.context.items),
             "url": f"/provenance/{query_id}"}
@@ -229,7 +246,6 @@ class QueryService:
 
     def health(self) -> dict:
         from lexgraph import __version__
-        from lexgraph.storage.vector_store import VectorStore
 
         store = VectorStore(self.settings.lance_uri)
         return {"status": "ok", "documents": len(store.indexed_hashes()), "chunks": store.count("chunks"),
