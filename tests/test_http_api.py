@@ -15,7 +15,7 @@ import pytest
 
 from lexgraph.query.http_api import ServeError, check_bind, is_loopback, prefers_html, torch_threads
 from orchestration.cli import main as lexgraph
-from tests.conftest import ROOT, SAMPLE_CORPUS, copy_corpus
+from tests.conftest import ROOT, SAMPLE_CORPUS
 
 TOKEN = "t0ken-for-tests-only"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -29,12 +29,10 @@ BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.
 
 
 @pytest.fixture(scope="module")
-def indexed(tmp_path_factory):
+def indexed(tmp_path_factory, sample_home):
+    """The session's sample index (tests/conftest.py), and a folder of this module's own for the server log."""
     root = tmp_path_factory.mktemp("serve")
-    corpus = copy_corpus(root / "corpus")
-    home = root / "index"
-    assert lexgraph(["--home", str(home), "ingest", str(corpus), "--quiet", "--strict"]) == 0
-    return root, home, len(list(corpus.iterdir()))
+    return root, sample_home, len([p for p in SAMPLE_CORPUS.iterdir() if p.is_file()])
 
 
 def _free_port() -> int:
