@@ -8,7 +8,7 @@ export LEXGRAPH_HOME ?= $(CURDIR)/.lexgraph
 export HF_HUB_OFFLINE := 1
 SHARED ?= ../shared
 
-.PHONY: install demo test dev bench bench-ingest bench-scale bench-incremental bench-extraction bench-serve clean
+.PHONY: install demo test dev bench bench-musique bench-router bench-ingest bench-scale bench-incremental bench-extraction bench-serve clean
 
 # torch is installed first and pinned: the local CPU build; an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -38,6 +38,12 @@ dev: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 
 bench: $(STAMP)
 	$(BIN)/lexgraph bench --corpus $(SHARED)/datasets/lihua-world/LiHuaWorld.zip --questions $(SHARED)/datasets/lihua-world/questions.dev.json
+
+bench-musique: $(STAMP)
+	$(BIN)/lexgraph bench --corpus $(SHARED)/datasets/musique/corpus/document.txt --questions $(SHARED)/datasets/musique/questions.dev.json --budget 12000
+
+bench-router: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_router --shared $(SHARED)
 
 bench-ingest: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_ingest --corpus $(SHARED)/datasets/lihua-world/LiHuaWorld.zip
