@@ -38,8 +38,12 @@ STEP_ATTEMPTS = 3
 @dataclass(frozen=True)
 class QueryParams:
     budget: int = 2048  # context tokens handed to the answerer
-    graph_channels: tuple[tuple[str, float], ...] = (("keyword", 0.3), ("entity", 0.15), ("statement", 0.15),
-                                                     ("hybrid", 0.0))
+    # The graph route's rank-fusion weights, each channel's θ share of the context taken from the same order.
+    # Chosen by benchmarks/tune_routes.py on LiHua-World dev and MuSiQue dev together (the best worst-case ratio
+    # to the best single channel, 0.958: no fixed weighting matched hybrid on LiHua and statement on MuSiQue).
+    graph_channels: tuple[tuple[str, float], ...] = (("hybrid", 4.0), ("keyword", 0.5), ("statement", 0.5),
+                                                     ("entity", 0.5))
+    graph_shares: tuple[tuple[str, float], ...] = (("statement", 0.15), ("entity", 0.1), ("keyword", 0.1))
     rrf_k: float = 60.0
     fusion_depth: int = 50
     max_question_chars: int = 4000  # longer questions are refused (the embedder windows anyway)
@@ -120,15 +124,15 @@ class QueryEngine:
 
     def _graph(self, question: str, decision: RouteDecision | None) -> Retrieval:
         p = self.params
-        wanted = [(name, share) for name, share in p.graph_channels if name in self.available]
-        channels = {name: self.retriever.scores(name, question) for name, _ in wanted if name != "statement"}
+        weights = {name: weight for name, weight in p.graph_channels if name in self.available and weight}
+        channels = {name: self.retriever.scores(name, question) for name in weights if name != "statement"}
         uncertain = False
-        if any(name == "statement" for name, _ in wanted):
+        if "statement" in weights:
             uncertain = self._over_budget(question)
             channels["statement"] = (self._cut if uncertain else self._deep).scores("statement", question)
-        fused = reciprocal_rank_fusion([(s, 1.0) for s in channels.values()], self.retriever.index.size,
-                                       p.rrf_k, p.fusion_depth)
-        context = self._context(fused, channels, dict(wanted))
+        fused = reciprocal_rank_fusion([(channels[name], weight) for name, weight in weights.items()],
+                                       self.retriever.index.size, p.rrf_k, p.fusion_depth)
+        context = self._context(fused, channels, {n: share for n, share in p.graph_shares if n in channels})
         return Retrieval("graph", decision, fused, context, uncertain=uncertain)
 
     def _agentic(self, question: str, decision: RouteDecision | None) -> Retrieval:
