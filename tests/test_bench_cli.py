@@ -36,7 +36,11 @@ def _run(capsys, *args) -> tuple[int, str, str]:
 def test_report_has_every_method_and_type(benched):
     corpus, home, out = benched
     data = json.loads((out / "report.json").read_text())
-    assert set(data["summary"]) == {"dense", "bm25", "keyword", "hybrid"}
+    assert set(data["summary"]) == set(bench.BENCH_METHODS) >= {"dense", "bm25", "keyword", "hybrid", "statement",
+                                                                 "entity", "auto", "answer"}
+    answers = data["summary"]["answer"]["overall"]["answers"]  # the extractive answerer's own figures
+    assert answers["answerable"] == 19 and answers["null"] == 3 and 0 <= answers["citation_precision"] <= 1
+    assert sum(data["summary"]["auto"]["overall"]["routes"].values()) == 22
     for method, groups in data["summary"].items():
         assert set(groups) == {"Single", "Multi", "Null", "overall"}, method
         assert groups["Single"]["questions"] == 12 and groups["Null"]["recall"]["5"] is None

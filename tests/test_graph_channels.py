@@ -16,19 +16,10 @@ from lexgraph.query import graph_channels as gc
 from lexgraph.query.retrieval import METHODS, RetrievalParams, Retriever, load_index
 from lexgraph.settings import Settings
 from orchestration.cli import main
-from tests.conftest import ROOT, copy_corpus
+from tests.conftest import ROOT
 
 GRAPH_METHODS = ("statement", "entity")
 QUESTIONS = json.loads((ROOT / "sample" / "questions.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def sample_home(tmp_path_factory):
-    root = tmp_path_factory.mktemp("graph-channels")
-    corpus = copy_corpus(root / "corpus")
-    home = root / "index"
-    assert main(["--home", str(home), "ingest", str(corpus), "--quiet", "--strict"]) == 0
-    return home
 
 
 @pytest.fixture(scope="module")
