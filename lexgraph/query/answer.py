@@ -92,7 +92,7 @@ def cite(item: Evidence, start: int, end: int) -> Citation:
                     item.text[start:end], item.doc_id, item.id)
 
 
-class _Terms:
+class QuestionTerms:
     """The question's terms and their idf weights under the index's BM25 vocabulary."""
 
     def __init__(self, question: str, bm25: BM25):
@@ -120,7 +120,7 @@ def _wants(question: str) -> re.Pattern | None:
     return None
 
 
-def best_sentence(question: str, items: list[Evidence], terms: _Terms) -> tuple[float, Evidence, int, int] | None:
+def best_sentence(question: str, items: list[Evidence], terms: QuestionTerms) -> tuple[float, Evidence, int, int] | None:
     """(score, item, start, end) of the sentence that best answers the question, or None for no items.
 
     A sentence is read in its chunk: its score mixes the question terms it holds itself, those its
@@ -149,7 +149,7 @@ class ExtractiveAnswerer:
     def answer(self, question: str, context: Context) -> Answer:
         if not context.items:
             return abstention("no evidence was retrieved", self.name)
-        terms = _Terms(question, self.bm25)
+        terms = QuestionTerms(question, self.bm25)
         found = best_sentence(question, context.items, terms)
         score, item, start, end = found
         confidence = float(min(max(score, 0.0), 1.0))

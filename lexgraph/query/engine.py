@@ -25,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from lexgraph.query.answer import Answer, ExtractiveAnswerer, _Terms, abstention, best_sentence
+from lexgraph.query.answer import DEFAULT_ABSTAIN_BELOW, Answer, QuestionTerms, abstention, best_sentence
 from lexgraph.query.context import Context, build_context
 from lexgraph.query.graph_channels import traverse_statements
 from lexgraph.query.retrieval import METHODS, Retriever, reciprocal_rank_fusion, sub_queries, with_params
@@ -78,10 +78,12 @@ class QueryEngine:
         # every channel of one question embeds it: once is enough
         embed = functools.lru_cache(maxsize=256)(retriever.embed)
         self.retriever = Retriever(retriever.index, embed, retriever.params, retriever.embed_batch)
+        # the graph route's statement traversal, and the same cut to 2 hops when it overruns its budget
         self._deep = with_params(self.retriever, statement_hops=self.params.graph_hops)
         self._cut = with_params(self.retriever, statement_hops=min(2, self.params.graph_hops))
         self.decompose = decompose or clause_steps
-        self.thin_below = getattr(answerer, "abstain_below", None) or ExtractiveAnswerer(retriever.index.bm25).abstain_below
+        # the semantic route's evidence is thin when its best sentence would not pass the extractive threshold
+        self.thin_below = getattr(answerer, "abstain_below", DEFAULT_ABSTAIN_BELOW)
         self.available = [m for m in METHODS if m not in ("dense", "bm25")]
 
     # -- routing ----------------------------------------------------------------------------------------
@@ -169,7 +171,7 @@ class QueryEngine:
     def _thin(self, question: str, context: Context) -> bool:
         if not context.items:
             return True
-        found = best_sentence(question, context.items, _Terms(question, self.retriever.index.bm25))
+        found = best_sentence(question, context.items, QuestionTerms(question, self.retriever.index.bm25))
         return found is None or found[0] < self.thin_below
 
     # -- answering --------------------------------------------------------------------------------------
