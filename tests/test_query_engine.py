@@ -59,10 +59,10 @@ def test_thin_semantic_evidence_is_retried_on_the_graph_route_then_abstains(serv
 
 
 def test_no_evidence_abstains():
-    answer = ExtractiveAnswerer.__new__(ExtractiveAnswerer)
-    answer.abstain_below = 0.3
-    result = ExtractiveAnswerer.answer(answer, "anything", Context([], 100, 0, {}))
-    assert result.abstained and "no evidence" in result.reason
+    from lexgraph.query.retrieval import BM25
+
+    result = ExtractiveAnswerer(BM25(["a chunk of text"])).answer("anything", Context([], 100, 0, {}))
+    assert result.abstained and "no evidence" in result.reason and result.citations == []
 
 
 @pytest.mark.parametrize("question, problem", [
