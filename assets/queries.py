@@ -12,7 +12,7 @@ from resources import IndexResource
 
 
 @dg.asset(
-    group_name="quality", kinds={"python", "json"}, owners=OWNERS,
+    group_name="evaluation", kinds={"python", "json"}, owners=OWNERS,
     description="Summary of the question log (queries/log.jsonl under the index home, one line per question "
     "asked through `lexgraph ask`, `lexgraph serve` or the Python API): route mix, retry, abstention and "
     "uncertainty rates, questions sent to human review, and p50/p95 latency per route.",

@@ -22,7 +22,7 @@ ASSET_REVISIONS = {
     "source_document": 1, "document_chunks": 1, "chunk_vectors": 1, "document_graph": 1, "document_keywords": 1,
     "chunk_knn_graph": 1, "chunk_pagerank": 1, "skeleton_selection": 1, "keyword_index": 1,
     "retrieval_benchmark": 1, "chunk_extractions": 1, "document_statements": 1, "document_topics": 1,
-    "document_facts": 1, "document_entities": 1, "lexical_graph": 1,
+    "document_facts": 1, "document_entities": 1, "lexical_graph": 1, "query_log": 1,
 }
 
 
@@ -41,6 +41,7 @@ def code_versions(settings: Settings) -> dict[str, str]:
         "keyword_index": document, "retrieval_benchmark": f"{knn}|beta={settings.beta}",
         "chunk_extractions": extraction, "document_statements": extraction, "document_topics": extraction,
         "document_facts": extraction, "document_entities": extraction, "lexical_graph": extraction,
+        "query_log": document,  # answers cite chunks: a new chunker or model starts a new log's meaning
     }
     return {name: f"r{ASSET_REVISIONS[name]}-{short_hash(text, 10)}" for name, text in shaped_by.items()}
 

@@ -21,6 +21,7 @@ KINDS = {
     "skeleton_selection": {"python", "parquet", "kuzu", "lancedb"},
     "keyword_index": {"python", "parquet", "kuzu", "lancedb"},
     "retrieval_benchmark": {"python", "parquet", "lancedb"},
+    "query_log": {"python", "json"},
     "chunk_extractions": {"python", "parquet", "openai"},
     "document_statements": {"python", "parquet"},
     "document_topics": {"python", "parquet"},
@@ -33,7 +34,7 @@ KINDS = {
 def test_definitions_load_with_assets_checks_sensor_and_schedules():
     repo = build_definitions().get_repository_def()
     keys = {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()}
-    assert keys == PER_DOCUMENT | CORPUS | {"retrieval_benchmark"}
+    assert keys == PER_DOCUMENT | CORPUS | {"retrieval_benchmark", "query_log"}
     checks = {c.name for c in repo.asset_graph.asset_check_keys}
     assert checks == {"every_source_is_stored", "no_empty_chunks", "chunks_within_embedder_limit",
                       "vectors_have_model_dimension", "every_chunk_has_a_source", "keywords_stored_for_every_document",
