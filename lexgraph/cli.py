@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from lexgraph.evaluation.answers import ENGINE_METHODS
 from lexgraph.query.retrieval import METHODS
 from lexgraph.settings import Settings, SettingsError
 
@@ -300,13 +301,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--token", help="bearer token required by every endpoint but /health "
                        "(default $LEXGRAPH_SERVE_TOKEN; the variable keeps it out of the process list)")
     serve.set_defaults(func=cmd_serve)
-    bench = sub.add_parser("bench", help="retrieval benchmark: dense, BM25, keyword and hybrid side by side")
+    bench = sub.add_parser("bench", help="retrieval benchmark: every channel, the router (auto) and the answerer "
+                           "(answer) side by side")
     bench.add_argument("--corpus", required=True, help="folder of .txt/.md files, a .zip of them, or one text file")
     bench.add_argument("--questions", required=True, help="JSON questions (LiHua-World object or list of {id, question, answer})")
     bench.add_argument("--budget", type=int, default=1024, help="context budget in word pieces for answer coverage")
     bench.add_argument("--k", default="1,3,5,10", help="comma-separated k for evidence recall@k")
     bench.add_argument("--out", help="report folder (default: beside the cached index)")
-    bench.add_argument("--methods", help="comma-separated subset of dense,bm25,keyword,hybrid")
+    bench.add_argument("--methods", help=f"comma-separated subset of {','.join((*METHODS, *ENGINE_METHODS))} "
+                       "(default: all)")
     bench.add_argument("--param", action="append", metavar="NAME=VALUE",
                        help="override a retrieval knob (lexgraph.query.retrieval.RetrievalParams), e.g. decompose=false")
     bench.add_argument("--quiet", action="store_true", help="no progress output")
