@@ -313,10 +313,18 @@ def entity_scores(index: RetrievalIndex, query: str, query_vector: np.ndarray, p
     if not len(active):
         return scores
     evidence = graph.mentions[active].T @ (weights[active] * graph.idf[active])
+    return rerank_by_evidence(index, query_vector, evidence, params.entity_evidence_weight)
+
+
+def rerank_by_evidence(index: RetrievalIndex, query_vector: np.ndarray, evidence: np.ndarray,
+                       weight: float) -> np.ndarray:
+    """The keyword, entity and path channels' chunk score: cos(query, chunk) + weight · evidence / max(evidence)
+    on the chunks with evidence, -inf elsewhere."""
+    scores = np.full(index.size, -np.inf)
     candidates = evidence > 0
     if candidates.any():
         cosine = index.vectors[candidates] @ query_vector
-        scores[candidates] = cosine + params.entity_evidence_weight * evidence[candidates] / evidence.max()
+        scores[candidates] = cosine + weight * evidence[candidates] / evidence.max()
     return scores
 
 

@@ -54,7 +54,8 @@ import scipy.sparse as sp
 from lexgraph.extract.schemas import DEFAULT_ENTITY_TYPES, FALLBACK_TYPE, normalise_entity_type
 from lexgraph.build.resolution import normalise_entity_name
 from lexgraph.extract.keywords import STOPWORDS
-from lexgraph.query.graph_channels import MAX_NAME_WORDS, MAX_QUERY_WORDS, EntityGraph, compact_key, query_entities
+from lexgraph.query.graph_channels import (MAX_NAME_WORDS, MAX_QUERY_WORDS, EntityGraph, compact_key, query_entities,
+                                          rerank_by_evidence)
 from lexgraph.storage.vector_store import ENTITIES, VectorStore
 
 if TYPE_CHECKING:
@@ -350,9 +351,4 @@ def path_scores(index: RetrievalIndex, query: str, query_vector: np.ndarray, par
     if graph is None or graph.size == 0 or not graph.mentions.nnz:
         return scores
     paths = find_paths(index, graph, query, query_vector, params)
-    evidence = path_evidence(graph, paths, params)
-    candidates = evidence > 0
-    if candidates.any():
-        cosine = index.vectors[candidates] @ query_vector
-        scores[candidates] = cosine + params.path_evidence_weight * evidence[candidates] / evidence.max()
-    return scores
+    return rerank_by_evidence(index, query_vector, path_evidence(graph, paths, params), params.path_evidence_weight)

@@ -309,11 +309,7 @@ def keyword_scores(index: RetrievalIndex, query: str, query_vector: np.ndarray, 
     if not len(active):
         return scores
     evidence = graph.links[active].T @ (weights[active] * graph.idf[active])
-    candidates = evidence > 0
-    if candidates.any():
-        scaled = evidence / evidence.max()
-        scores[candidates] = dense_scores(index, query_vector)[candidates] + params.keyword_evidence_weight * scaled[candidates]
-    return scores
+    return graph_channels.rerank_by_evidence(index, query_vector, evidence, params.keyword_evidence_weight)
 
 
 def ranks_of(scores: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
