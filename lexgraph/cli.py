@@ -240,6 +240,32 @@ def cmd_ask(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_audit(args: argparse.Namespace) -> int:
+    """The audit bundle of one answer (lexgraph.query.audit): print the path written."""
+    from lexgraph.query.audit import AuditError, UnknownQueryError, bundle_format, write_audit_bundle
+
+    if args.out is not None:
+        try:
+            bundle_format(Path(args.out))  # before the settings are read: a typo costs nothing
+        except AuditError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+    try:
+        written = write_audit_bundle(_settings(args), args.query_id, args.out)
+    except UnknownQueryError as error:
+        print(f"error: {error.args[0] if error.args else error}; the ids are in the answers of `lexgraph ask` "
+              "(query id) and in queries/log.jsonl under the index home", file=sys.stderr)
+        return 2
+    except AuditError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        print(f"error: cannot write the audit bundle: {error}", file=sys.stderr)
+        return 2
+    print(written)
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from lexgraph.query.http_api import ServeError, check_bind, resolve_token, serve
 
@@ -294,6 +320,21 @@ def build_parser() -> argparse.ArgumentParser:
                      help="retrieval route (default auto: the router decides)")
     ask.add_argument("--json", action="store_true", help="print the answer JSON (one object) instead of text")
     ask.set_defaults(func=cmd_ask)
+    audit = sub.add_parser(
+        "audit", help="write the audit bundle of one answer: one self-contained .html (or .json) file",
+        description="Write the audit bundle of one answer: one self-contained file an auditor can archive, with "
+        "the same content as GET /provenance/QUERY_ID. It holds the question, the answer, the route with its "
+        "router log line, every citation with its span highlighted (<mark>) in the stored source text, the "
+        "source versions (sha256), the extractor, model and prompt version of each cited statement, and the "
+        "index and lexgraph versions. The .html page loads nothing and runs no script, so it opens offline; "
+        ".json is the provenance JSON as the HTTP endpoint returns it. Prints the path written.",
+        epilog="example: lexgraph audit q20261130163012-1a2b3c4d5e --out answer.html")
+    audit.add_argument("query_id", metavar="QUERY_ID",
+                       help="the query id printed by `lexgraph ask` (also in queries/log.jsonl under the index home)")
+    audit.add_argument("--out", metavar="FILE.html|FILE.json",
+                       help="file to write; the suffix chooses the format (default "
+                       "<home>/queries/audit/QUERY_ID.html)")
+    audit.set_defaults(func=cmd_audit)
     serve = sub.add_parser("serve", help="HTTP API: POST /ask, GET /provenance/{id}, GET /health (FastAPI, uvicorn)")
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default 127.0.0.1); any non-loopback host needs a token")
