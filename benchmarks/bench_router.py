@@ -3,7 +3,7 @@ Null questions have no route and are left out) plus the multi-step questions wri
 corpus (→ agentic).
 
 Every question is routed by a router that never saw it:
-- `shipped`: the router as it ships (exemplars: sample/questions.router.json + questions.agentic.json).
+- `shipped`: the router as it ships (exemplars: router.EXEMPLAR_FILES in sample/).
   The LiHua questions are new to it; the agentic questions are its own exemplars, so they are routed
   in 5 folds, each by a router fitted without that fold.
 - `with LiHua exemplars`: 5-fold cross-validation over everything labelled (LiHua dev + sample files),
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from lexgraph.evaluation.metrics import load_questions
 from lexgraph.extract.embedder import Embedder
-from lexgraph.query.router import SAMPLE, Exemplar, Router, load_exemplars
+from lexgraph.query.router import EXEMPLAR_FILES, SAMPLE, Exemplar, Router, load_exemplars
 
 FOLDS = 5
 LIHUA_ROUTES = {"Single": "semantic", "Multi": "graph"}
@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     embed = Embedder.shared().embed_queries
     lihua = lihua_labelled(Path(args.shared))
     agentic = load_exemplars([SAMPLE / "questions.agentic.json"])
-    others = load_exemplars([SAMPLE / "questions.router.json"])
+    # every other shipped exemplar file (the sample corpus's semantic/graph questions, the chat-style ones)
+    others = load_exemplars([SAMPLE / name for name in EXEMPLAR_FILES if name != "questions.agentic.json"])
 
     shipped_lihua = route_all(others + agentic, lihua, embed)
     shipped_agentic = cross_validated(agentic, others, embed)

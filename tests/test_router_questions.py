@@ -96,3 +96,31 @@ def test_answer_occurs_in_an_evidence_document(question):
     answer = _normalise(question["answer"])
     found = [key for key in question["evidence"] if answer in DOCUMENTS.get(key, "")]
     assert found, f"{question['id']}: answer {question['answer']!r} is in none of {question['evidence']}"
+
+
+CHAT = ROOT / "sample" / "questions.router.chat.json"
+LIHUA_DEV = ROOT.parent / "shared" / "datasets" / "lihua-world" / "questions.dev.json"
+
+
+def _words(text: str) -> set[str]:
+    return set(re.findall(r"\w+", text.casefold()))
+
+
+def test_chat_exemplars_are_shipped_labelled_and_unique():
+    from lexgraph.query.router import default_exemplars, load_exemplars
+
+    chat = load_exemplars([CHAT])
+    assert len(chat) >= 80 and {e.route for e in chat} == {"semantic", "graph"}
+    assert len({e.question for e in chat}) == len(chat)
+    assert {e.question for e in chat} <= {e.question for e in default_exemplars()}
+
+
+@pytest.mark.skipif(not LIHUA_DEV.exists(), reason="needs ../shared (LiHua-World dev questions)")
+def test_chat_exemplars_are_written_not_taken_from_the_benchmark():
+    """The router is measured on LiHua-World's questions: an exemplar that is (nearly) one of them would make
+    that figure a memory test. No exemplar shares 80% of its words with a dev question."""
+    dev = [_words(q["question"]) for q in json.loads(LIHUA_DEV.read_text(encoding="utf-8")).values()]
+    for exemplar in _load(CHAT):
+        mine = _words(exemplar["question"])
+        closest = max(len(mine & other) / len(mine | other) for other in dev)
+        assert closest < 0.8, exemplar["question"]

@@ -22,8 +22,9 @@ from lexgraph.query.retrieval import sub_queries, tokenize
 
 ROUTES = ("semantic", "graph", "agentic")
 SAMPLE = Path(__file__).resolve().parents[2] / "sample"
-# The shipped exemplars (written for the sample corpus; LiHua-World's are added only by the benchmark).
-EXEMPLAR_FILES = ("questions.router.json", "questions.agentic.json")
+# The shipped exemplars: written for the sample corpus, plus chat-log style questions written for messaging
+# corpora (none taken from a benchmark; LiHua-World's own are added only by the benchmark).
+EXEMPLAR_FILES = ("questions.router.json", "questions.router.chat.json", "questions.agentic.json")
 
 _TEMPORAL = re.compile(r"\b(before|after|when|while|once|until|since|earlier|later|first|last)\b", re.I)
 _SEQUENCE = re.compile(r"\b(then|and then|next|afterwards|followed|step|finally)\b", re.I)
