@@ -8,7 +8,7 @@ export LEXGRAPH_HOME ?= $(CURDIR)/.lexgraph
 export HF_HUB_OFFLINE := 1
 SHARED ?= ../shared
 
-.PHONY: install demo test dev bench bench-musique bench-router bench-ingest bench-scale bench-incremental bench-extraction bench-serve clean
+.PHONY: install demo test dev dev-prod bench bench-musique bench-router bench-ingest bench-scale bench-incremental bench-extraction bench-serve clean
 
 # torch is installed first and pinned: the local CPU build; an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -35,6 +35,23 @@ test: $(STAMP)
 
 dev: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 	LEXGRAPH_INBOX=$${LEXGRAPH_INBOX:-sample/corpus} $(BIN)/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
+
+# The production instance (orchestration/dagster.prod.yaml): Dagster's storage in PostgreSQL, the queued run
+# coordinator with the kuzu_writer pool, run monitoring and run retries. Needs DAGSTER_PG_HOST, DAGSTER_PG_USER,
+# DAGSTER_PG_PASSWORD and DAGSTER_PG_DB (DAGSTER_PG_PORT defaults to 5432); the database must exist, Dagster
+# creates its tables. Its DAGSTER_HOME (compute logs, the instance file) is .dagster_prod.
+DAGSTER_PROD_HOME ?= $(CURDIR)/.dagster_prod
+
+$(DAGSTER_PROD_HOME)/dagster.yaml: orchestration/dagster.prod.yaml
+	mkdir -p $(DAGSTER_PROD_HOME)
+	cp orchestration/dagster.prod.yaml $@
+
+dev-prod: $(STAMP) $(DAGSTER_PROD_HOME)/dagster.yaml
+	@: "$${DAGSTER_PG_HOST:?is not set (make dev-prod)}" "$${DAGSTER_PG_USER:?is not set (make dev-prod)}" \
+	   "$${DAGSTER_PG_PASSWORD?is not set (make dev-prod; empty for a server that needs none)}" \
+	   "$${DAGSTER_PG_DB:?is not set (make dev-prod)}"
+	DAGSTER_HOME=$(DAGSTER_PROD_HOME) DAGSTER_PG_PORT=$${DAGSTER_PG_PORT:-5432} \
+	  LEXGRAPH_INBOX=$${LEXGRAPH_INBOX:-sample/corpus} $(BIN)/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
 bench: $(STAMP)
 	$(BIN)/lexgraph bench --corpus $(SHARED)/datasets/lihua-world/LiHuaWorld.zip --questions $(SHARED)/datasets/lihua-world/questions.dev.json
