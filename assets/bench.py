@@ -9,12 +9,12 @@ from pathlib import Path
 
 import dagster as dg
 
-from assets.documents import OWNERS
+from assets.catalog import QUALITY, spec_kwargs
 from lexgraph.evaluation import bench
 from lexgraph.evaluation.report import recall_bars_markdown
 from resources import IndexResource, InboxResource
 
-GROUP = "evaluation"
+GROUP = QUALITY
 DEFAULT_QUESTIONS = "sample/questions.json"
 # Per-document assets whose materializations record the embedding tokens they spent.
 EMBEDDING_ASSETS = ("chunk_vectors", "document_keywords")
@@ -49,7 +49,7 @@ def _embedding_tokens(instance: dg.DagsterInstance) -> int:
 
 
 @dg.asset(
-    group_name=GROUP, kinds={"python", "lancedb", "parquet"}, owners=OWNERS,
+    kinds={"python", "lancedb", "parquet"}, **spec_kwargs("retrieval_benchmark", GROUP),
     deps=[dg.AssetKey("keyword_index"), dg.AssetKey("skeleton_selection")],
     description="Evidence recall@k, answer coverage at a token budget and latency of the dense (NaiveRAG), "
     "BM25, KET-RAG keyword and hybrid retrieval methods over the inbox's index (LanceDB vectors and the "

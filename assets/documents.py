@@ -19,13 +19,14 @@ import polars as pl
 # Converts the observable source asset into an AssetsDefinition, the only form that takes owners.
 from dagster._core.definitions.external_asset import create_external_asset_from_source_asset
 
+from assets.catalog import PER_DOCUMENT, owners, spec_kwargs
 from lexgraph.build import pipeline
 from lexgraph.ids import content_hash, file_hash
 from orchestration.partitions import GRAPH_WRITER_POOL, batched, documents
 from resources import EmbedderResource, IndexResource, InboxResource, KuzuResource, LanceDBResource
 
-GROUP = "ingestion"
-OWNERS = ["team:ingestion"]
+GROUP = PER_DOCUMENT
+OWNERS = owners(PER_DOCUMENT)
 SHA256 = re.compile(r"[0-9a-f]{64}")
 PREVIEW_CHUNKS = 3
 
@@ -104,16 +105,22 @@ def data_version(context: dg.AssetExecutionContext, hashes: dict[str, str | None
 
 
 def describe_partitions(context: dg.AssetExecutionContext, result: pipeline.StageResult, upstream: str,
-                        extra: dict[str, dict] | None = None) -> None:
+                        extra: dict[str, dict] | None = None, hashes: dict[str, str | None] | None = None) -> None:
     """Attach each document's own figures to its partition's materialization. `failed_documents` is
-    overridden per partition too, so a partition only names its own problem."""
-    extra = extra or {}
+    overridden per partition too, so a partition only names its own problem. hashes (doc_id -> content hash
+    of the stored source, see stored_hashes): a done partition shows the source version it was made from
+    as `sha256`, so every per-document asset's history names the version of each materialization."""
+    extra, hashes = extra or {}, hashes or {}
     for key in context.partition_keys:
         status = _status(key, result)
         metadata: dict = {"status": status, "doc_id": key}
         if status == "done":
             metadata.update(result.figures.get(key, {}))
             metadata.update(extra.get(key, {}))
+            if hashes.get(key):
+                metadata.setdefault("sha256", hashes[key])
+            if isinstance(metadata.get("rows"), int):
+                metadata["dagster/partition_row_count"] = metadata["rows"]
             metadata["failed_documents"] = dg.MetadataValue.json({})
         elif status == "failed":
             metadata["problem"] = result.failed[key]
@@ -154,8 +161,8 @@ def _source_problems(store, doc_ids: list[str]) -> dict[str, str]:
 
 
 @dg.asset(
-    partitions_def=documents, backfill_policy=batched, group_name=GROUP, kinds={"python", "parquet"},
-    owners=OWNERS, deps=[inbox],
+    partitions_def=documents, backfill_policy=batched, kinds={"python", "parquet"},
+    **spec_kwargs("source_document", GROUP), deps=[inbox],
     description="A document from the inbox read, validated (UTF-8 text, not empty, not binary), "
     "normalised (NFC, Unix newlines; HTML to text) and content-hashed; stored as Parquet.",
     check_specs=[dg.AssetCheckSpec(
@@ -179,11 +186,12 @@ def source_document(context: dg.AssetExecutionContext, index: IndexResource, inb
         except (KeyError, TypeError, ValueError):
             pass
         extra[key] = own
-    describe_partitions(context, result, "inbox file", extra)
+    hashes = stored_hashes(store, context.partition_keys)
+    describe_partitions(context, result, "inbox file", extra, hashes)
     problems = _source_problems(store, result.done)
     return dg.MaterializeResult(
         metadata=batch_metadata(context, result, index_version=settings.index_version),
-        data_version=data_version(context, stored_hashes(store, context.partition_keys), result),
+        data_version=data_version(context, hashes, result),
         check_results=[dg.AssetCheckResult(check_name="every_source_is_stored", passed=not problems,
                                            metadata={"documents_checked": len(result.done),
                                                      "problems": dg.MetadataValue.json(problems)})],
@@ -210,8 +218,8 @@ def _preview(frame: pl.DataFrame, rows: int = PREVIEW_CHUNKS) -> str:
 
 
 @dg.asset(
-    partitions_def=documents, backfill_policy=batched, group_name=GROUP, kinds={"python", "parquet"},
-    owners=OWNERS, deps=[source_document],
+    partitions_def=documents, backfill_policy=batched, kinds={"python", "parquet"},
+    **spec_kwargs("document_chunks", GROUP), deps=[source_document],
     description="Heading-aware chunks sized for the embedder (never truncated), with character offsets "
     "into the source, heading path and order; stored as Parquet.",
     check_specs=[
@@ -237,21 +245,22 @@ def document_chunks(context: dg.AssetExecutionContext, index: IndexResource, emb
             "sha256": own["content_hash"][0] if own.height else "",
             "preview": dg.MetadataValue.md(_preview(own)),
         }
-    describe_partitions(context, result, pipeline.SOURCES, extra)
+    hashes = stored_hashes(store, context.partition_keys)
+    describe_partitions(context, result, pipeline.SOURCES, extra, hashes)
     frame = pl.concat(list(frames.values()), how="diagonal_relaxed") if frames else \
         pl.DataFrame(schema=pipeline.CHUNK_COLUMNS)
     tokens = frame["token_count"]
     return dg.MaterializeResult(
         metadata=batch_metadata(context, result, batch_tokens=int(tokens.sum() or 0),
                                 batch_tokens_mean=float(tokens.mean() or 0.0), batch_tokens_max=int(tokens.max() or 0)),
-        data_version=data_version(context, stored_hashes(store, context.partition_keys), result),
+        data_version=data_version(context, hashes, result),
         check_results=_chunk_checks(frame, model.max_tokens),
     )
 
 
 @dg.asset(
-    partitions_def=documents, backfill_policy=batched, group_name=GROUP, kinds={"python", "lancedb", "parquet"},
-    owners=OWNERS, deps=[document_chunks],
+    partitions_def=documents, backfill_policy=batched, kinds={"python", "lancedb", "parquet"},
+    **spec_kwargs("chunk_vectors", GROUP), deps=[document_chunks],
     description="Chunk embeddings (all-MiniLM-L6-v2 by default), batched across the run's documents, "
     "written to the LanceDB chunks table (replacing the document's previous rows) and kept as Parquet.",
     check_specs=[dg.AssetCheckSpec(
@@ -264,8 +273,9 @@ def chunk_vectors(context: dg.AssetExecutionContext, index: IndexResource, embed
     store, vectors, model = index.extract_store(), lancedb.get(), embedder.get()
     ready = with_output(context, store, pipeline.CHUNKS)
     result = pipeline.embed_documents(ready, store, model, vectors, ledger=index.ledger(), run_id=context.run.run_id)
+    hashes = stored_hashes(store, context.partition_keys)
     describe_partitions(context, result, pipeline.CHUNKS,
-                        {d: {"model": model.model_name, "dimension": model.dimension} for d in result.done})
+                        {d: {"model": model.model_name, "dimension": model.dimension} for d in result.done}, hashes)
     stored = vectors.vector_dimension()
     expected = sum(result.figures[d]["rows"] for d in result.done)
     in_run = "doc_id IN (" + ", ".join("'" + d.replace("'", "''") + "'" for d in result.done) + ")"
@@ -277,14 +287,14 @@ def chunk_vectors(context: dg.AssetExecutionContext, index: IndexResource, embed
     return dg.MaterializeResult(
         metadata=batch_metadata(context, result, batch_embedding_tokens=result.tokens, model=model.model_name,
                                 lance_table=dg.MetadataValue.path(vectors.table_uri("chunks"))),
-        data_version=data_version(context, stored_hashes(store, context.partition_keys), result),
+        data_version=data_version(context, hashes, result),
         check_results=[check],
     )
 
 
 @dg.asset(
-    partitions_def=documents, backfill_policy=batched, group_name=GROUP, kinds={"python", "parquet", "kuzu", "lancedb"},
-    owners=OWNERS, deps=[chunk_vectors], pool=GRAPH_WRITER_POOL,
+    partitions_def=documents, backfill_policy=batched, kinds={"python", "parquet", "kuzu", "lancedb"},
+    **spec_kwargs("document_graph", GROUP), deps=[chunk_vectors], pool=GRAPH_WRITER_POOL,
     description="Source and Chunk nodes with chunk→source (PART_OF) and chunk→next (NEXT) edges in the "
     "embedded Kùzu graph; the document is then marked indexed in the LanceDB catalog.",
     check_specs=[dg.AssetCheckSpec(
@@ -303,10 +313,11 @@ def document_graph(context: dg.AssetExecutionContext, index: IndexResource, lanc
             "MATCH (c:Chunk) WHERE c.doc_id IN $ids AND NOT EXISTS { MATCH (c)-[:PART_OF]->(:Source) } "
             "RETURN count(c) AS n", {"ids": ready}
         )["n"][0] if ready else 0
-    describe_partitions(context, result, pipeline.VECTORS)
+    hashes = stored_hashes(store, context.partition_keys)
+    describe_partitions(context, result, pipeline.VECTORS, hashes=hashes)
     return dg.MaterializeResult(
         metadata=batch_metadata(context, result, graph_path=dg.MetadataValue.path(kuzu.graph_path())),
-        data_version=data_version(context, stored_hashes(store, context.partition_keys), result),
+        data_version=data_version(context, hashes, result),
         check_results=[dg.AssetCheckResult(check_name="every_chunk_has_a_source", passed=int(orphans) == 0,
                                            metadata={"chunks_without_source": int(orphans)})],
     )

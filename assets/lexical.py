@@ -15,8 +15,9 @@ drives re-extraction instead (orchestration.sensors.reextraction_sensor, the CLI
 import dagster as dg
 import polars as pl
 
-from assets.documents import (GROUP as INGESTION, OWNERS, _report_failures, _status, batch_metadata,
-                              describe_partitions, document_chunks, document_graph, with_output)
+from assets.catalog import CORPUS, EXTRACTION, spec_kwargs, with_catalog
+from assets.documents import (_report_failures, _status, batch_metadata, describe_partitions, document_chunks,
+                              document_graph, stored_hashes, with_output)
 from assets.skeleton import _corpus_version, skeleton_selection
 from lexgraph.build import lexical, pipeline
 from lexgraph.build.corpus_index import LEXICAL_GRAPH, catalog_digest
@@ -24,7 +25,7 @@ from lexgraph.ids import content_hash
 from orchestration.partitions import GRAPH_WRITER_POOL, batched, documents
 from resources import EmbedderResource, ExtractorResource, IndexResource, KuzuResource, LanceDBResource
 
-GROUP = "lexical"
+GROUP = CORPUS
 PREVIEW_STATEMENTS = 5
 STATEMENTS, TOPICS, FACTS, ENTITIES = "document_statements", "document_topics", "document_facts", "document_entities"
 # Which extract tables each asset of the multi-asset stands for.
@@ -44,16 +45,40 @@ def lexical_data_version(context: dg.AssetExecutionContext, key: dg.AssetKey, ha
 
 
 def _ledger_totals(index: IndexResource, run_id: str) -> dict:
-    """This run's model calls from the cost ledger (the one source of cost figures)."""
-    totals = index.ledger().totals(by=["stage"], run_id=run_id)
+    """This run's model calls from the cost ledger (the one source of cost figures), its failed calls by reason
+    and the chunks the open circuit breaker did not send."""
+    ledger = index.ledger()
+    frame = ledger.read()
+    totals = ledger.totals(by=["stage"], run_id=run_id, frame=frame)
+    failures = lexical.llm_failure_figures(frame, run_id)
     extraction = totals.filter(pl.col("stage") == lexical.EXTRACTION_STAGE)
     row = extraction.row(0, named=True) if extraction.height else {}
     hits = int(row.get("cache_hits", 0))
     return {"batch_llm_calls": int(row.get("calls", 0)) - hits, "batch_cache_hits": hits,
+            **{k: dg.MetadataValue.json(v) if isinstance(v, dict) else v for k, v in failures.items()},
             "batch_llm_requests": int(row.get("requests", 0)),
             "batch_prompt_tokens": int(row.get("prompt_tokens", 0)),
             "batch_completion_tokens": int(row.get("completion_tokens", 0)),
             "batch_llm_seconds": round(float(row.get("seconds", 0.0)), 3)}
+
+
+def extraction_provenance(store, stage: str, doc_id: str) -> dict:
+    """What a document's rows of one extract table were made by, for its partition's metadata: `extractor`,
+    `model` and `prompt_version` (each the distinct values, comma-joined: a document whose skeleton chunks went
+    to the LLM has both extractors), and `provenance`, a table of rows per (extractor, model, prompt version)."""
+    try:  # only the three columns: an extraction file also holds every chunk's JSON
+        frame = pl.read_parquet(store.path(stage, doc_id), columns=["extractor", "model", "prompt_version"])
+    except (Exception, pl.exceptions.PanicException):  # missing or damaged: its check and the run log say so
+        return {}
+    out: dict = {column: ", ".join(sorted({v for v in frame[column].to_list() if v})) or "none"
+                 for column in ("extractor", "model", "prompt_version")}
+    counts = (frame.group_by("extractor", "model", "prompt_version").len()
+              .sort("len", "extractor", descending=[True, False]))
+    out["provenance"] = dg.MetadataValue.md("\n".join(
+        ["| extractor | model | prompt version | rows |", "|---|---|---|---|"]
+        + [f"| {r['extractor']} | {r['model']} | {r['prompt_version']} | {r['len']} |"
+           for r in counts.iter_rows(named=True)]))
+    return out
 
 
 def _extraction_problems(store, doc_ids: list[str]) -> dict[str, str]:
@@ -67,8 +92,8 @@ def _extraction_problems(store, doc_ids: list[str]) -> dict[str, str]:
 
 
 @dg.asset(
-    partitions_def=documents, backfill_policy=batched, group_name=INGESTION, kinds={"python", "parquet", "openai"},
-    owners=OWNERS, deps=[document_chunks],
+    partitions_def=documents, backfill_policy=batched, kinds={"python", "parquet", "openai"},
+    **spec_kwargs("chunk_extractions", EXTRACTION), deps=[document_chunks],
     description="One structured extraction per chunk (topics with standalone statements and their facts, entities "
     "with a mention line, relations). Chunks of the current skeleton selection go to the LLM extractor when "
     "LEXGRAPH_LLM_BASE_URL is set (cached by chunk content, model and prompt version; masked first when "
@@ -93,6 +118,12 @@ def chunk_extractions(context: dg.AssetExecutionContext, index: IndexResource,
             llm.close()
     _report_failures(context, "chunk_extractions", result)
     extractor = llm or heuristic
+    breaker = getattr(llm, "breaker", None)  # the LLM client's circuit breaker (lexgraph.extract.llm)
+    breaker_state = {"llm_circuit_breaker": dg.MetadataValue.json(breaker.snapshot())} if breaker else {}
+    if breaker is not None and breaker.opens:
+        context.log.warning(f"LLM circuit breaker opened {breaker.opens} time(s) (last: {breaker.last_failure}): "
+                            f"{breaker.refused} chunk(s) were not sent and kept their heuristic extraction; the next "
+                            "run sends them again")
     extra = {}
     for doc_id, figures in result.figures.items():
         if figures.get("not_sent"):
@@ -100,13 +131,18 @@ def chunk_extractions(context: dg.AssetExecutionContext, index: IndexResource,
         if figures.get("llm_failures"):
             context.log.warning(f"{doc_id}: {figures['llm_failures']} chunk(s) kept their heuristic extraction "
                                 "after the LLM failed (see the extractions' error column)")
-        extra[doc_id] = {"extractor": extractor.name, "model": extractor.model, "prompt_version": extractor.prompt_version}
-    describe_partitions(context, result, pipeline.CHUNKS, extra)
+        # what the stored rows were actually made by (an LLM run extracts only the skeleton chunks with it)
+        extra[doc_id] = extraction_provenance(store, pipeline.EXTRACTIONS, doc_id)
+    describe_partitions(context, result, pipeline.CHUNKS, extra, stored_hashes(store, context.partition_keys))
     problems = _extraction_problems(store, result.done)
     return dg.MaterializeResult(
-        metadata=batch_metadata(context, result, extractor=extractor.name, model=extractor.model,
-                                prompt_version=extractor.prompt_version, heuristic_prompt_version=heuristic.prompt_version,
-                                skeleton_chunks_selected=len(skeleton), **_ledger_totals(index, context.run.run_id)),
+        # the run's extractors as configured; each partition's extractor / model / prompt_version say what its
+        # rows were actually made by
+        metadata=batch_metadata(context, result, batch_extractor=extractor.name, batch_model=extractor.model,
+                                batch_prompt_version=extractor.prompt_version,
+                                heuristic_prompt_version=heuristic.prompt_version,
+                                skeleton_chunks_selected=len(skeleton), **_ledger_totals(index, context.run.run_id),
+                                **breaker_state),
         data_version=lexical_data_version(context, context.asset_key,
                                           lexical.lexical_hashes(store, pipeline.EXTRACTIONS, context.partition_keys),
                                           result),
@@ -137,12 +173,12 @@ def _statement_problems(store, doc_ids: list[str]) -> dict[str, str]:
     return problems
 
 
-_SPEC = {"partitions_def": documents, "group_name": INGESTION, "kinds": {"python", "parquet"}, "owners": OWNERS}
+_SPEC = {"partitions_def": documents, "kinds": {"python", "parquet"}}
 
 
 @dg.multi_asset(
     name="lexical_tables", partitions_def=documents, backfill_policy=batched,
-    specs=[
+    specs=[with_catalog(spec, EXTRACTION) for spec in (
         dg.AssetSpec(STATEMENTS, deps=[chunk_extractions], description="Each document's statements: standalone "
                      "claims from its chunks' extractions, one row per statement with a deterministic id, its chunk, "
                      "its topic and its provenance (extractor, model, prompt version, time); Parquet.", **_SPEC),
@@ -154,7 +190,7 @@ _SPEC = {"partitions_def": documents, "group_name": INGESTION, "kinds": {"python
         dg.AssetSpec(ENTITIES, deps=[STATEMENTS], description="Entities (name, type, description, and how each "
                      "appears in its chunk) and entity↔entity relations (predicate, description, strength) of each "
                      "document, before resolution across documents; Parquet.", **_SPEC),
-    ],
+    )],
     check_specs=[dg.AssetCheckSpec(
         "statements_point_at_own_chunks", asset=STATEMENTS,
         description="Every statement of this run's documents points at one of the document's own chunks, and every "
@@ -164,6 +200,7 @@ def lexical_tables(context: dg.AssetExecutionContext, index: IndexResource):
     store = index.extract_store()
     ready = with_output(context, store, pipeline.EXTRACTIONS)
     result = lexical.flatten_documents(ready, store)
+    versions = stored_hashes(store, context.partition_keys)  # each document's source version
     for asset, stages in TABLES.items():
         key = dg.AssetKey(asset)
         for doc_id in context.partition_keys:
@@ -171,7 +208,12 @@ def lexical_tables(context: dg.AssetExecutionContext, index: IndexResource):
             metadata: dict = {"status": status, "doc_id": doc_id, "failed_documents": dg.MetadataValue.json({})}
             if status == "done":
                 figures = result.figures[doc_id]
-                metadata.update({"rows": figures[stages[0]], **{stage: figures[stage] for stage in stages}})
+                metadata.update({"rows": figures[stages[0]], **{stage: figures[stage] for stage in stages},
+                                 "dagster/partition_row_count": figures[stages[0]]})
+                if versions.get(doc_id):
+                    metadata["sha256"] = versions[doc_id]  # the source version these rows were extracted from
+                if asset != TOPICS:  # topics carry no provenance columns; their statements do
+                    metadata.update(extraction_provenance(store, stages[0], doc_id))
                 if asset == STATEMENTS:
                     metadata["preview"] = dg.MetadataValue.md(_statement_preview(store.read(pipeline.STATEMENTS, doc_id)))
             else:
@@ -197,7 +239,7 @@ def _table(counts: dict[str, int]) -> str:
 
 
 @dg.asset(
-    group_name=GROUP, kinds={"python", "parquet", "kuzu", "lancedb"}, owners=OWNERS,
+    kinds={"python", "parquet", "kuzu", "lancedb"}, **spec_kwargs("lexical_graph", GROUP),
     deps=[dg.AssetKey(STATEMENTS), dg.AssetKey(TOPICS), dg.AssetKey(FACTS), dg.AssetKey(ENTITIES), document_graph,
           skeleton_selection],
     pool=GRAPH_WRITER_POOL,

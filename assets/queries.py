@@ -6,13 +6,13 @@ from pathlib import Path
 
 import dagster as dg
 
-from assets.documents import OWNERS
+from assets.catalog import QUALITY, spec_kwargs
 from lexgraph.query.service import QueryLog
 from resources import IndexResource
 
 
 @dg.asset(
-    group_name="evaluation", kinds={"python", "json"}, owners=OWNERS,
+    kinds={"python", "json"}, **spec_kwargs("query_log", QUALITY),
     description="Summary of the question log (queries/log.jsonl under the index home, one line per question "
     "asked through `lexgraph ask`, `lexgraph serve` or the Python API): route mix, retry, abstention and "
     "uncertainty rates, questions sent to human review, and p50/p95 latency per route.",

@@ -9,8 +9,9 @@ import dagster as dg
 import numpy as np
 import polars as pl
 
-from assets.documents import (GROUP as INGESTION, OWNERS, batch_metadata, data_version, describe_partitions,
-                              document_chunks, document_graph, stored_hashes, with_output)
+from assets.catalog import CORPUS, PER_DOCUMENT, spec_kwargs
+from assets.documents import (batch_metadata, data_version, describe_partitions, document_chunks, document_graph,
+                              stored_hashes, with_output)
 from lexgraph.build import corpus_index as ci
 from lexgraph.build import pipeline
 from lexgraph.build.skeleton import skeleton_size
@@ -19,7 +20,7 @@ from lexgraph.ids import content_hash
 from orchestration.partitions import GRAPH_WRITER_POOL, batched, documents
 from resources import EmbedderResource, IndexResource, KuzuResource, LanceDBResource
 
-GROUP = "skeleton"
+GROUP = CORPUS
 
 
 def _keyword_problems(store, doc_ids: list[str]) -> dict[str, str]:
@@ -45,8 +46,8 @@ def _keyword_problems(store, doc_ids: list[str]) -> dict[str, str]:
 
 
 @dg.asset(
-    partitions_def=documents, backfill_policy=batched, group_name=INGESTION, kinds={"python", "parquet"},
-    owners=OWNERS, deps=[document_chunks],
+    partitions_def=documents, backfill_policy=batched, kinds={"python", "parquet"},
+    **spec_kwargs("document_keywords", PER_DOCUMENT), deps=[document_chunks],
     description="LLM-free keywords of each chunk (content words and proper-noun phrases) with the sums of "
     "their sentences' embeddings, the document's share of KET-RAG's keyword vectors; stored as Parquet.",
     check_specs=[dg.AssetCheckSpec(
@@ -60,11 +61,12 @@ def document_keywords(context: dg.AssetExecutionContext, index: IndexResource,
     ready = with_output(context, store, pipeline.CHUNKS)
     result = pipeline.extract_document_keywords(ready, store, embedder.get(), ledger=index.ledger(),
                                                 run_id=context.run.run_id)
-    describe_partitions(context, result, pipeline.CHUNKS)
+    hashes = stored_hashes(store, context.partition_keys)
+    describe_partitions(context, result, pipeline.CHUNKS, hashes=hashes)
     problems = _keyword_problems(store, ready)
     return dg.MaterializeResult(
         metadata=batch_metadata(context, result, batch_embedding_tokens=result.tokens),
-        data_version=data_version(context, stored_hashes(store, context.partition_keys), result),
+        data_version=data_version(context, hashes, result),
         check_results=[dg.AssetCheckResult(check_name="keywords_stored_for_every_document", passed=not problems,
                                            metadata={"documents_checked": len(ready),
                                                      "problems": dg.MetadataValue.json(problems)})],
@@ -96,7 +98,7 @@ def _catalog_chunks(vectors, indexed: dict[str, str]) -> tuple[pl.DataFrame, np.
 
 
 @dg.asset(
-    group_name=GROUP, kinds={"python", "lancedb", "parquet", "kuzu"}, owners=OWNERS,
+    kinds={"python", "lancedb", "parquet", "kuzu"}, **spec_kwargs("chunk_knn_graph", GROUP),
     deps=[document_graph, document_keywords], pool=GRAPH_WRITER_POOL,
     description="Chunk KNN graph of KET-RAG's two kinds: K nearest by embedding cosine and K nearest by shared "
     "distinct content words; undirected SIMILAR edges in Kùzu, state as Parquet. Reads the vectors and the "
@@ -151,7 +153,7 @@ def _histogram(values: np.ndarray, bins: int = 12) -> str:
 
 
 @dg.asset(
-    group_name=GROUP, kinds={"python", "parquet"}, owners=OWNERS, deps=[chunk_knn_graph],
+    kinds={"python", "parquet"}, **spec_kwargs("chunk_pagerank", GROUP), deps=[chunk_knn_graph],
     description="Weighted PageRank over the chunk KNN graph (both kinds of edge), read from and written to "
     "the corpus Parquet state; the stores receive the scores with the skeleton selection.",
     check_specs=[dg.AssetCheckSpec(
@@ -185,7 +187,7 @@ def chunk_pagerank(context: dg.AssetExecutionContext, index: IndexResource) -> d
 
 
 @dg.asset(
-    group_name=GROUP, kinds={"python", "parquet", "kuzu", "lancedb"}, owners=OWNERS, deps=[chunk_pagerank],
+    kinds={"python", "parquet", "kuzu", "lancedb"}, **spec_kwargs("skeleton_selection", GROUP), deps=[chunk_pagerank],
     pool=GRAPH_WRITER_POOL,
     description="The β-skeleton: the top ⌊β·n⌋ chunks by PageRank, the only ones later sent to LLM extraction. "
     "Kept as Parquet; PageRank and membership are written onto the Kùzu Chunk nodes and LanceDB chunk rows. "
@@ -227,7 +229,7 @@ def skeleton_selection(context: dg.AssetExecutionContext, index: IndexResource, 
 
 
 @dg.asset(
-    group_name=GROUP, kinds={"python", "parquet", "kuzu", "lancedb"}, owners=OWNERS,
+    kinds={"python", "parquet", "kuzu", "lancedb"}, **spec_kwargs("keyword_index", GROUP),
     deps=[document_keywords, document_graph], pool=GRAPH_WRITER_POOL,
     description="The LLM-free keyword↔chunk bipartite graph over all chunks: Keyword nodes and KEYWORD_IN edges "
     "in Kùzu, keyword vectors (mean embedding of the sentences a keyword occurs in) in LanceDB, sums kept as "

@@ -4,7 +4,7 @@ from pathlib import Path
 import dagster as dg
 import polars as pl
 
-from assets.documents import document_assets, inbox
+from assets.documents import document_assets, inbox, stored_hashes
 from assets.lexical import document_lexical_assets, lexical_assets
 from assets.skeleton import corpus_assets, document_keywords
 from lexgraph.build import pipeline
@@ -68,6 +68,7 @@ def removal_reason(relative_path: str | None, root: Path) -> str:
 def purge_removed_documents(context: dg.OpExecutionContext, config: PurgeConfig, index: IndexResource,
                             lancedb: LanceDBResource, kuzu: KuzuResource, inbox: InboxResource) -> None:
     paths = _source_paths(config.doc_ids, index, lancedb)
+    versions = stored_hashes(index.extract_store(), config.doc_ids)  # the source versions being removed
     with kuzu.writer() as graph:
         pipeline.purge_documents(config.doc_ids, index.extract_store(), graph, lancedb.get())
     root = inbox.root()
@@ -75,6 +76,8 @@ def purge_removed_documents(context: dg.OpExecutionContext, config: PurgeConfig,
         metadata = {"removed": True, "reason": removal_reason(paths.get(doc_id), root), "doc_id": doc_id}
         if doc_id in paths:
             metadata["source_path"] = paths[doc_id]
+        if versions.get(doc_id):
+            metadata["sha256"] = versions[doc_id]
         for assets_def in PER_DOCUMENT_ASSETS:
             for key in assets_def.keys:  # a multi-asset (lexical_tables) has several
                 context.log_event(dg.AssetObservation(asset_key=key, partition=doc_id, metadata=metadata))

@@ -263,6 +263,7 @@ def test_corpus_checks_fail_on_bad_output(tmp_path, home, instance, monkeypatch)
 def test_purge_leaves_a_removal_event_in_each_assets_history(tiny_corpus, home, instance):
     ingest_folder(tiny_corpus, instance, home=str(home), progress=False, corpus=False)
     gamma = next(k for k in instance.get_dynamic_partitions("documents") if k.startswith("gamma.md-"))
+    removed_version = hashlib.sha256((tiny_corpus / "gamma.md").read_bytes()).hexdigest()
     (tiny_corpus / "gamma.md").unlink()
     report = ingest_folder(tiny_corpus, instance, home=str(home), prune=True, progress=False, corpus=False)
     assert report.removed == 1
@@ -272,4 +273,5 @@ def test_purge_leaves_a_removal_event_in_each_assets_history(tiny_corpus, home, 
         assert records, asset
         meta = {k: v.value for k, v in records[0].asset_observation.metadata.items()}
         assert meta["removed"] is True and meta["doc_id"] == gamma
+        assert meta["sha256"] == removed_version  # which version of the document went
         assert meta["reason"] == f"file left the inbox ({tiny_corpus / 'gamma.md'})"

@@ -125,7 +125,8 @@ def test_only_skeleton_chunks_reach_the_llm_then_cache_and_prompt_versions(tiny_
         asset_key=dg.AssetKey("chunk_extractions"), asset_partitions=[doc]), limit=1).records[0]
     meta = {k: v.value for k, v in record.asset_materialization.metadata.items()}
     assert meta["doc_id"] == doc and meta["skeleton_chunks"] == skeleton.filter(pl.col("doc_id") == doc).height
-    assert meta["cache_hits"] == meta["skeleton_chunks"] and meta["llm_calls"] == 0 and meta["model"] == MODEL
+    assert meta["cache_hits"] == meta["skeleton_chunks"] and meta["llm_calls"] == 0
+    assert MODEL in meta["model"].split(", ")  # the models its rows were made by (its other chunks: heuristic)
 
     from orchestration.cli import main
 
