@@ -236,3 +236,49 @@ def test_a_deployment_adds_its_own_router_exemplars(sample_home, tmp_path, monke
     own.write_text(json.dumps([{"question": "x", "route": "telepathic"}]))
     with pytest.raises(ValueError, match="ours.json: unknown route"):
         load_exemplars([own])
+
+
+def _bridges(node_chunks: list[list[int]], n_chunks: int):
+    """A statement graph with one statement per chunk and the given bridging nodes (lists of chunk rows)."""
+    import scipy.sparse as sp
+
+    from lexgraph.query.graph_channels import StatementGraph
+
+    rows = [(chunk, node) for node, chunks in enumerate(node_chunks) for chunk in chunks]
+    links = sp.csr_matrix((np.ones(len(rows)), ([r for r, _ in rows], [n for _, n in rows])),
+                          shape=(n_chunks, len(node_chunks)))
+    by_chunk = sp.identity(n_chunks, format="csr")
+    return StatementGraph([f"s{i}" for i in range(n_chunks)], [""] * n_chunks, [""] * n_chunks,
+                          np.zeros((n_chunks, 2)), np.arange(n_chunks), np.zeros(n_chunks, dtype=np.int64),
+                          sp.csr_matrix((1, n_chunks)), links, links.T.tocsr(), [str(i) for i in range(len(node_chunks))],
+                          np.ones(len(node_chunks)), by_chunk)
+
+
+def test_graph_selectivity_is_measured_from_the_bridges():
+    from lexgraph.query.graph_channels import bridge_pair_share
+
+    # a hub every chunk shares (a chat's speaker) joins every pair; five specific pairs join 10 of 90 ordered pairs
+    assert bridge_pair_share(_bridges([list(range(10))], 10), 10) == 1.0
+    assert bridge_pair_share(_bridges([[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]], 10), 10) == pytest.approx(10 / 90)
+    assert bridge_pair_share(None, 10) == 1.0 == bridge_pair_share(_bridges([[0]], 10), 1)
+
+
+def test_the_graph_route_weights_follow_the_graphs_selectivity():
+    from lexgraph.query.engine import QueryParams, graph_selectivity, graph_weights
+
+    params, every = QueryParams(), ["hybrid", "keyword", "statement", "entity", "path"]
+    assert graph_selectivity(0.48, params) == 0.0 and graph_selectivity(0.07, params) == 1.0
+    assert graph_selectivity(0.25, params) == pytest.approx(0.5)
+    assert graph_weights(0.0, params, every) == {"hybrid": 1.0}
+    assert graph_weights(1.0, params, every) == dict(params.graph_channels_selective)
+    assert graph_weights(0.5, params, every) == {"hybrid": 0.75, "statement": 1.0, "entity": 0.25, "path": 0.25}
+    # a channel the index cannot serve (no lexical graph) is left out rather than failing the route
+    assert graph_weights(1.0, params, ["hybrid", "keyword"]) == {"hybrid": 0.5}
+
+
+def test_the_graph_route_logs_the_weights_it_fused_with(service):
+    engine = service.engine()
+    result = service.ask("Which companies are connected to Kestrel Propulsion?", "graph")
+    line = service.provenance(result["query_id"])["log"]
+    assert line["fusion_weights"] == engine.graph_weights and line["fusion_weights"]
+    assert 0.0 <= engine.graph_selectivity <= 1.0

@@ -2,10 +2,10 @@
 
 Routes:
 - semantic: the hybrid ranking (dense + BM25 + keyword fused);
-- graph: rank fusion of the keyword, entity and statement channels with the hybrid ranking, each
-  channel given its θ share of the context;
+- graph: rank fusion of the statement, entity and path channels with the hybrid ranking, weighted by how
+  selective the index's graph is (see QueryParams), each channel given its θ share of the context;
 - agentic: the question split into steps (by the LLM when one is configured, else at its clauses),
-  each step retrieved on the semantic route, the rankings merged by rank fusion.
+  each step retrieved like the graph route, the rankings merged by rank fusion.
 
 Recovery:
 - too little evidence on the semantic route (its best sentence covers less of the question than the
@@ -38,14 +38,21 @@ STEP_ATTEMPTS = 3
 @dataclass(frozen=True)
 class QueryParams:
     budget: int = 2048  # context tokens handed to the answerer
-    # The graph route's rank-fusion weights, each channel's θ share of the context taken from the same order.
-    # Chosen by benchmarks/tune_routes.py on LiHua-World dev and MuSiQue dev together (the best worst-case ratio
-    # to the best single channel, 0.958: no fixed weighting matched hybrid on LiHua and statement on MuSiQue).
-    graph_channels: tuple[tuple[str, float], ...] = (("hybrid", 4.0), ("keyword", 0.5), ("statement", 0.5),
-                                                     ("entity", 0.5))
-    graph_shares: tuple[tuple[str, float], ...] = (("statement", 0.15), ("entity", 0.1), ("keyword", 0.1))
+    # The graph route's rank-fusion weights lie between two ends, by how selective the index's graph is: the
+    # share of chunk pairs that share a fact or entity (graph_channels.bridge_pair_share). On a hub graph (every
+    # chat names its speaker: LiHua-World 0.48) traversal reaches everything and the graph channels add no
+    # selective evidence, so the hybrid ranking leads; on a selective one (Wikipedia, MuSiQue 0.07) statements
+    # lead. No fixed weighting matched hybrid on LiHua and statement on MuSiQue (best worst-case ratio 0.958,
+    # benchmarks/tune_routes.py); the ends were measured on both dev sets together (docs/BENCHMARKS.md).
+    graph_channels_hub: tuple[tuple[str, float], ...] = (("hybrid", 1.0),)
+    graph_channels_selective: tuple[tuple[str, float], ...] = (("statement", 2.0), ("entity", 0.5), ("path", 0.5),
+                                                               ("hybrid", 0.5))
+    hub_pair_share: float = 0.4  # at or above: the hub end
+    selective_pair_share: float = 0.1  # at or below: the selective end; linear in between
+    # θ shares of the context at the selective end (scaled down with the graph's selectivity)
+    graph_shares: tuple[tuple[str, float], ...] = (("statement", 0.15), ("entity", 0.1), ("path", 0.1))
     rrf_k: float = 60.0
-    fusion_depth: int = 50
+    fusion_depth: int = 200
     max_question_chars: int = 4000  # longer questions are refused (the embedder windows anyway)
     graph_hops: int = 3  # statement traversal depth on the graph route; cut to 2 when over budget
 
@@ -65,6 +72,7 @@ class Retrieval:
     steps: list[str] = field(default_factory=list)
     latency_ms: dict[str, float] = field(default_factory=dict)
     review: str | None = None  # why the question went to the human-review queue
+    weights: dict[str, float] = field(default_factory=dict)  # the graph route's fusion weights, for the log
 
 
 class QueryEngine:
@@ -85,6 +93,9 @@ class QueryEngine:
         # the semantic route's evidence is thin when its best sentence would not pass the extractive threshold
         self.thin_below = getattr(answerer, "abstain_below", DEFAULT_ABSTAIN_BELOW)
         self.available = [m for m in METHODS if m not in ("dense", "bm25")]
+        graph = self.retriever.index.graph
+        self.graph_selectivity = graph_selectivity(graph.bridge_pair_share if graph is not None else 1.0, self.params)
+        self.graph_weights = graph_weights(self.graph_selectivity, self.params, self.available)
 
     # -- routing ----------------------------------------------------------------------------------------
 
@@ -125,26 +136,36 @@ class QueryEngine:
         return result
 
     def _graph(self, question: str, decision: RouteDecision | None) -> Retrieval:
-        p = self.params
-        weights = {name: weight for name, weight in p.graph_channels if name in self.available and weight}
+        fused, channels, uncertain = self._graph_ranking(question)
+        shares = {n: share * self.graph_selectivity for n, share in self.params.graph_shares if n in channels}
+        context = self._context(fused, channels, shares)
+        return Retrieval("graph", decision, fused, context, uncertain=uncertain, weights=self.graph_weights)
+
+    def _graph_ranking(self, question: str) -> tuple[np.ndarray, dict[str, np.ndarray], bool]:
+        """The graph route's fused ranking, its channels' own rankings, and whether the expansion was cut."""
+        weights = self.graph_weights
         channels = {name: self.retriever.scores(name, question) for name in weights if name != "statement"}
         uncertain = False
         if "statement" in weights:
             uncertain = self._over_budget(question)
             channels["statement"] = (self._cut if uncertain else self._deep).scores("statement", question)
         fused = reciprocal_rank_fusion([(channels[name], weight) for name, weight in weights.items()],
-                                       self.retriever.index.size, p.rrf_k, p.fusion_depth)
-        context = self._context(fused, channels, {n: share for n, share in p.graph_shares if n in channels})
-        return Retrieval("graph", decision, fused, context, uncertain=uncertain)
+                                       self.retriever.index.size, self.params.rrf_k, self.params.fusion_depth)
+        return fused, channels, uncertain
 
     def _agentic(self, question: str, decision: RouteDecision | None) -> Retrieval:
+        # each step is retrieved like the graph route (on a hub graph that is the hybrid ranking alone)
         steps = self._step("decompose the question", lambda: self.decompose(question)) or [question]
-        rankings = [(self.retriever.scores("hybrid", question), 1.0)]
+        whole, _, uncertain = self._graph_ranking(question)
+        rankings = [(whole, 1.0)]
         for step in steps:
-            rankings.append((self._step(step, lambda: self.retriever.scores("hybrid", step)), 1.0))
+            ranked = self._step(step, lambda: self._graph_ranking(step))
+            rankings.append((ranked[0], 1.0))
+            uncertain |= ranked[2]
         fused = reciprocal_rank_fusion(rankings, self.retriever.index.size, self.params.rrf_k,
                                        self.params.fusion_depth)
-        return Retrieval("agentic", decision, fused, self._context(fused), steps=steps)
+        return Retrieval("agentic", decision, fused, self._context(fused), steps=steps, uncertain=uncertain,
+                         weights=self.graph_weights)
 
     def _over_budget(self, question: str) -> bool:
         """The deep statement traversal would fill its whole statement budget: the expansion is cut to 2
@@ -188,6 +209,19 @@ class QueryEngine:
         answer = self.answerer.answer(question, retrieval.context)
         retrieval.latency_ms["answer"] = _ms(started)
         return retrieval, answer
+
+
+def graph_selectivity(pair_share: float, params: QueryParams) -> float:
+    """0 at the hub end of the graph route's weights, 1 at the selective end."""
+    span = params.hub_pair_share - params.selective_pair_share
+    return float(np.clip((params.hub_pair_share - pair_share) / span, 0.0, 1.0)) if span > 0 else 1.0
+
+
+def graph_weights(selectivity: float, params: QueryParams, available: list[str]) -> dict[str, float]:
+    hub, selective = dict(params.graph_channels_hub), dict(params.graph_channels_selective)
+    weights = {name: round((1 - selectivity) * hub.get(name, 0.0) + selectivity * selective.get(name, 0.0), 4)
+               for name in dict.fromkeys([*hub, *selective])}
+    return {name: weight for name, weight in weights.items() if weight > 0 and name in available}
 
 
 def clause_steps(question: str) -> list[str]:

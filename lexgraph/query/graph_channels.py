@@ -115,6 +115,18 @@ class EntityGraph:
 class LexicalGraph:
     statements: StatementGraph | None
     entities: EntityGraph | None
+    bridge_pair_share: float = 1.0  # see bridge_pair_share(); 1.0 (no selective bridges) without statements
+
+
+def bridge_pair_share(graph: StatementGraph | None, n_chunks: int) -> float:
+    """The share of chunk pairs that share a bridging node (a fact or entity), summed over the nodes (an upper
+    bound, capped at 1): how selective the graph is. Near 1, a few hubs join everything (every chat log names its
+    speaker) and a traversal reaches the whole corpus; near 0, bridges are specific (Wikipedia's entities)."""
+    if graph is None or graph.size == 0 or n_chunks < 2:
+        return 1.0
+    node_chunks = (graph.link_members @ graph.by_chunk.T).astype(bool)  # nodes × chunks
+    counts = np.asarray(node_chunks.sum(axis=1), dtype=np.float64).ravel()
+    return float(min(1.0, (counts * (counts - 1)).sum() / (n_chunks * (n_chunks - 1))))
 
 
 def compact_key(name: str) -> str:
@@ -166,8 +178,9 @@ def load_lexical_graph(store: VectorStore, extract: ExtractStore, position: dict
     if mentions is not None:
         mentions = mentions.unique()
         mentions = mentions.with_columns(_entity_ids(mentions["entity_name"]).alias("entity_id")).drop_nulls("entity_id")
-    return LexicalGraph(_load_statements(store, extract, position, mentions),
-                        _load_entities(store, extract, position, mentions))
+    statements = _load_statements(store, extract, position, mentions)
+    return LexicalGraph(statements, _load_entities(store, extract, position, mentions),
+                        bridge_pair_share(statements, len(position)))
 
 
 def _load_entities(store: VectorStore, extract: ExtractStore, position: dict[str, int],

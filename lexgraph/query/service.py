@@ -236,7 +236,8 @@ class QueryService:
                          "completion_tokens": answer.completion_tokens},
                 "retries": retrieval.retries + ([{"answer": "citation validation", "count": answer.retries}]
                                                 if answer.retries else []),
-                "steps": retrieval.steps, "uncertain": retrieval.uncertain, "abstained": answer.abstained,
+                "steps": retrieval.steps, "fusion_weights": retrieval.weights or None,
+                "uncertain": retrieval.uncertain, "abstained": answer.abstained,
                 "abstain_reason": answer.reason if answer.abstained else None, "review": retrieval.review,
                 "answerer": answer.answerer, "evidence_items": len(retrieval.context.items),
                 "context_tokens": retrieval.context.tokens, "pid": os.getpid()}
