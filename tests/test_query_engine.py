@@ -43,6 +43,13 @@ def test_an_answer_cites_an_exact_span_of_its_source(service, sample_home):
     assert record["index"]["catalog_digest"] and record["log"]["route"] == "semantic"
 
 
+def test_the_answer_names_what_the_question_asks_for(service):
+    # the chunk's next sentence holds more of the question's words ("Kestrel", "engine") but not the CEO
+    result = service.ask("Who is the CEO of the engine supplier Kestrel?", "semantic")
+    assert "Annika Vogt, CEO since January 2021" in result["answer"]
+    assert result["citations"][0]["text"] == result["answer"]
+
+
 def test_every_question_is_logged_with_route_latency_and_cost(service):
     result = service.ask("When was Halvorsen Maritime Group founded?")
     line = [l for l in service.log.lines() if l["query_id"] == result["query_id"]][0]

@@ -37,6 +37,13 @@ _DATE = re.compile(r"\b(?:1[6-9]|20)\d{2}\b|\b\d{1,2}[:/.-]\d{1,2}\b|\b(?:jan|fe
                    r"nov|dec)[a-z]*\b|\b(?:monday|tuesday|wednesday|thursday|friday|saturday|sunday)\b", re.I)
 _NUMBER = re.compile(r"\d")
 _NAME = re.compile(r"\b[A-Z][a-z]+")
+# "Who is the CEO of X?" asks for X's CEO: a sentence about X that does not name the CEO role answers
+# something else. The asked-for head ("CEO", "contract price") counts double; generic heads do not.
+_FOCUS = re.compile(r"^\s*(?:who|what|which)\s+(?:is|was|are|were)\s+(?:the\s+)?((?:[\w-]+\s+){0,2}?[\w-]+)"
+                    r"\s+(?:of|for|at|behind)\b", re.I)
+_GENERIC_HEADS = {"name", "names", "kind", "type", "title", "number", "date", "time", "day", "main", "current",
+                  "status", "topic", "theme", "reason", "purpose", "part", "one", "focus"}
+FOCUS_WEIGHT = 2.0
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,10 @@ class QuestionTerms:
         terms = dict.fromkeys(tokenize(question, bm25.split_camel_case))
         default = float(np.max(bm25.idf)) if len(bm25.idf) else 1.0  # unseen: as rare as the rarest
         self.weights = {t: (float(bm25.idf[bm25.vocabulary[t]]) if t in bm25.vocabulary else default) for t in terms}
+        focus = _FOCUS.match(question)
+        for term in tokenize(focus.group(1), bm25.split_camel_case) if focus else ():
+            if term in self.weights and term not in _GENERIC_HEADS:
+                self.weights[term] *= FOCUS_WEIGHT
         self.total = sum(self.weights.values())
         self.split_camel_case = bm25.split_camel_case
 
