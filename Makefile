@@ -8,7 +8,7 @@ export LEXGRAPH_HOME ?= $(CURDIR)/.lexgraph
 export HF_HUB_OFFLINE := 1
 SHARED ?= ../shared
 
-.PHONY: install demo test dev dev-prod bench bench-musique bench-router bench-ingest bench-scale bench-incremental bench-extraction bench-serve clean
+.PHONY: install demo test dev dev-prod bench bench-musique bench-router bench-ingest bench-scale bench-incremental bench-extraction bench-serve bench-sensor clean
 
 # torch is installed first and pinned: the local CPU build; an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -77,6 +77,10 @@ bench-extraction: $(STAMP)
 # needs the LiHua-World index that `make bench` caches; serves it read-only
 bench-serve: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_serve --home .lexgraph/bench/lihuaworld-aac215cda60d/index --questions $(SHARED)/datasets/lihua-world/questions.dev.json
+
+# the inbox sensor over 10,000 small files on a temporary SQLite instance (docs/BENCHMARKS.md)
+bench-sensor: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_sensor
 
 clean:
 	rm -rf .lexgraph .dagster_home

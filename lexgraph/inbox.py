@@ -14,6 +14,7 @@ import json
 import os
 import stat as st
 from pathlib import Path
+from time import monotonic
 from typing import Iterable, Mapping
 
 from lexgraph.ids import content_hash, document_id
@@ -44,22 +45,56 @@ class ReconcilePlan:
     invalid: dict[str, str] = field(default_factory=dict)
     # unchanged files whose problem is already recorded in problems.json: reported, not re-run
     known_bad: list[str] = field(default_factory=list)
+    # files seen but not read yet (the scan's time box ran out): left for the next scan
+    deferred: list[str] = field(default_factory=list)
 
     @property
     def to_index(self) -> list[str]:
         return self.new + self.changed
 
 
-def _inspect(path: Path, relative: str) -> FileState:
-    stat = path.stat()
-    raw = path.read_bytes()
+def _read_state(root: Path, path: str, relative: str, doc_id: str) -> FileState:
+    """Read and hash one file. Opened non-blocking and checked with fstat, so an entry replaced by a
+    FIFO since the walk is named rather than blocking the scan; any error is the file's problem."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as error:
+        return _problem_state(root, Path(path), _os_problem(error))
+    try:
+        with os.fdopen(fd, "rb") as handle:
+            info = os.fstat(handle.fileno())
+            if not st.S_ISREG(info.st_mode):  # replaced by something else since the walk
+                return _problem_state(root, Path(path), _kind_problem(info.st_mode))
+            raw = handle.read()
+    except OSError as error:
+        return _problem_state(root, Path(path), _os_problem(error))
     problem = probe_problem(path, raw)  # cheap and format-aware; full parsing happens at ingestion
-    return FileState(document_id(relative), relative, stat.st_size, stat.st_mtime_ns, content_hash(raw), problem)
+    return FileState(doc_id, relative, info.st_size, info.st_mtime_ns, content_hash(raw), problem)
 
 
-def scan_folder(root: str | Path, previous: dict[str, FileState] | None = None) -> dict[str, FileState]:
-    """Hash every file, re-reading only those whose size or mtime changed since the previous scan.
-    Entries that are not readable files get a FileState whose problem says what they are."""
+@dataclass
+class InboxScan:
+    """One look at the inbox. states: every entry seen, except the files left for a later scan
+    (deferred: relative path -> doc_id) because the time box ran out before they were read."""
+    states: dict[str, FileState]
+    deferred: dict[str, str] = field(default_factory=dict)
+    read: int = 0  # files read and hashed by this scan (the rest were unchanged since `previous`)
+    last_read: str | None = None  # relative path of the last file read: where the next scan resumes
+
+    @property
+    def complete(self) -> bool:
+        return not self.deferred
+
+
+def scan_inbox(root: str | Path, previous: Mapping[str, FileState] | None = None, *,
+               time_box: float | None = None, resume_after: str | None = None) -> InboxScan:
+    """Every entry under root: a file whose size and mtime_ns match its previous state keeps that state
+    (the stat from the walk is all it costs); the others are read and hashed.
+
+    time_box: seconds after which no further file is read (at least one always is, so a series of
+    scans always progresses); the files not reached are deferred, neither new nor removed. A scan
+    that was cut short passes its last_read as the next one's resume_after, which starts reading
+    after that file and wraps around, so files that keep changing cannot starve the others."""
     root = Path(root)
     previous = previous or {}
     walk = walk_corpus(root)
@@ -67,29 +102,54 @@ def scan_folder(root: str | Path, previous: dict[str, FileState] | None = None) 
     for path, problem in walk.problems.items():
         state = _problem_state(root, path, problem)
         states[state.doc_id] = state
-    for path in walk.files:
-        relative = _relative(root, path)
+    prefix = os.path.join(str(root), "")
+    to_read: list[tuple[int, str, str, str]] = []  # (walk position, path, relative, doc_id)
+    resume_at = -1  # walk position of resume_after
+    for i, (path, info) in enumerate(walk.entries):
+        relative = path[len(prefix):] if path.startswith(prefix) else _relative(root, Path(path))
+        if os.sep != "/":
+            relative = relative.replace(os.sep, "/")
+        if relative == resume_after:
+            resume_at = i
+        if printable(relative) is not relative:  # undecodable bytes in the name: reported, never read
+            state = _problem_state(root, Path(path), EntryProblem("bad-name"))
+            states[state.doc_id] = state
+            continue
         doc_id = document_id(relative)
-        try:
-            info = path.stat()
-            old = previous.get(doc_id)
-            if old and old.kind == "file" and old.size == info.st_size and old.mtime_ns == info.st_mtime_ns:
-                states[doc_id] = old
-            elif not st.S_ISREG(info.st_mode):  # replaced by something else since the walk
-                states[doc_id] = _problem_state(root, path, _kind_problem(info.st_mode))
-            else:
-                states[doc_id] = _inspect(path, relative)
-        except OSError as error:
-            states[doc_id] = _problem_state(root, path, _os_problem(error))
-    return states
+        old = previous.get(doc_id)
+        if (old is not None and old.kind == "file" and old.size == info.st_size
+                and old.mtime_ns == info.st_mtime_ns and old.relative_path == relative):
+            states[doc_id] = old
+        else:
+            to_read.append((i, path, relative, doc_id))
+    if resume_at >= 0:
+        start = next((n for n, item in enumerate(to_read) if item[0] > resume_at), 0)
+        to_read = to_read[start:] + to_read[:start]
+    scan = InboxScan(states)
+    deadline = None if time_box is None else monotonic() + time_box
+    for n, (_, path, relative, doc_id) in enumerate(to_read):
+        if deadline is not None and n and monotonic() >= deadline:
+            scan.deferred = {rel: key for _, _, rel, key in to_read[n:]}
+            break
+        states[doc_id] = _read_state(root, path, relative, doc_id)
+        scan.read, scan.last_read = n + 1, relative
+    return scan
+
+
+def scan_folder(root: str | Path, previous: Mapping[str, FileState] | None = None) -> dict[str, FileState]:
+    """Hash every file, re-reading only those whose size or mtime changed since the previous scan.
+    Entries that are not readable files get a FileState whose problem says what they are."""
+    return scan_inbox(root, previous).states
 
 
 def plan_reconcile(files: dict[str, FileState], indexed: dict[str, str], known: set[str] = frozenset(),
-                   known_bad: Mapping[str, "KnownProblem"] | None = None) -> ReconcilePlan:
+                   known_bad: Mapping[str, "KnownProblem"] | None = None,
+                   deferred: Iterable[str] = ()) -> ReconcilePlan:
     """files: the folder now; indexed: doc_id -> content hash in the catalog; known: partition keys;
     known_bad: problems recorded earlier (KnownProblems.load()); a file still at the content it
-    failed with is put in known_bad instead of being re-run, a changed one is retried."""
-    plan = ReconcilePlan()
+    failed with is put in known_bad instead of being re-run, a changed one is retried. deferred:
+    doc_ids of files that are there but were not read yet (a time-boxed scan): never removed."""
+    plan = ReconcilePlan(deferred=sorted(deferred))
     known_bad = known_bad or {}
     for doc_id, state in files.items():
         if doc_id in indexed and indexed[doc_id] == state.content_hash:
@@ -109,7 +169,7 @@ def plan_reconcile(files: dict[str, FileState], indexed: dict[str, str], known: 
             plan.invalid[doc_id] = state.problem
     if any(state.kind == "unreadable-folder" for state in files.values()):
         return plan  # its documents are not seen, which is not the same as removed: purge nothing yet
-    plan.removed = sorted((set(indexed) | set(known)) - set(files))
+    plan.removed = sorted((set(indexed) | set(known)) - set(files) - set(plan.deferred))
     return plan
 
 
@@ -136,6 +196,7 @@ ENTRY_KINDS = {
     "unreadable-folder": "is a folder that cannot be read ({detail}); nothing in it is indexed, and no "
                          "indexed document is removed until it can be read",
     "vanished": "vanished while the folder was being scanned",
+    "bad-name": "has a name that is not valid UTF-8; rename the file to have it indexed",
 }
 
 
@@ -153,8 +214,14 @@ class EntryProblem:
 
 @dataclass
 class CorpusWalk:
-    files: list[Path] = field(default_factory=list)  # regular files (or links to them), in stable order
+    # regular files (or links to them), in stable order, each with its stat from the walk (the path as a
+    # string: at 10,000 files, building Path objects costs more than the stat calls)
+    entries: list[tuple[str, os.stat_result]] = field(default_factory=list)
     problems: dict[Path, EntryProblem] = field(default_factory=dict)  # every other visible entry
+
+    @property
+    def files(self) -> list[Path]:
+        return [Path(path) for path, _ in self.entries]
 
 
 def _kind_problem(mode: int) -> EntryProblem:
@@ -194,7 +261,7 @@ def walk_corpus(root: str | Path) -> CorpusWalk:
         raise FileNotFoundError(f"{root}: {_os_problem(error, root)}") from None
     walk = CorpusWalk()
     if st.S_ISREG(info.st_mode):
-        walk.files.append(root)
+        walk.entries.append((str(root), info))
         return walk
     if not st.S_ISDIR(info.st_mode):
         raise NotADirectoryError(f"{root}: {_kind_problem(info.st_mode)}, not a folder of documents")
@@ -217,15 +284,16 @@ def walk_corpus(root: str | Path) -> CorpusWalk:
             continue
         subfolders: list[tuple[Path, frozenset]] = []
         for entry in entries:
-            path = Path(entry.path)
             try:
                 info = os.stat(entry.path) if entry.is_symlink() else entry.stat(follow_symlinks=False)
             except OSError as error:
-                walk.problems[path] = _os_problem(error, path)
+                walk.problems[Path(entry.path)] = _os_problem(error, Path(entry.path))
                 continue
             if st.S_ISREG(info.st_mode):
-                walk.files.append(path)
-            elif st.S_ISDIR(info.st_mode):
+                walk.entries.append((entry.path, info))
+                continue
+            path = Path(entry.path)
+            if st.S_ISDIR(info.st_mode):
                 key = (info.st_dev, info.st_ino)
                 target = os.path.realpath(path) if entry.is_symlink() else ""
                 if key in ancestors:
@@ -259,16 +327,81 @@ def _relative(root: Path, path: Path) -> str:
 def _problem_state(root: Path, path: Path, problem: EntryProblem) -> FileState:
     """The state of an entry that is not a readable file: a signature of its metadata stands in for
     the content hash, so fixing it (replacing, chmod, re-linking) shows as a change."""
-    relative = _relative(root, path) if path != root else path.name
+    relative = printable(_relative(root, path) if path != root else path.name)
     try:
         info = path.lstat()
         facts = (info.st_mode, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino)
         size, mtime = info.st_size, info.st_mtime_ns
     except OSError:
         facts, size, mtime = (), 0, 0
-    target = os.readlink(path) if path.is_symlink() else ""
-    signature = "entry-" + content_hash(f"{problem.kind}|{facts}|{target}".encode())[:32]
-    return FileState(document_id(relative), relative, size, mtime, signature, f"{path}: {problem}", problem.kind)
+    try:
+        target = os.readlink(path) if path.is_symlink() else ""
+    except OSError:
+        target = ""
+    signature = "entry-" + content_hash(f"{problem.kind}|{facts}|{target}".encode("utf-8", "surrogateescape"))[:32]
+    return FileState(document_id(relative), relative, size, mtime, signature, f"{printable(str(path))}: {problem}",
+                     problem.kind)
+
+
+def printable(text: str) -> str:
+    """A path as text that can be logged and stored: bytes of a file name that are not UTF-8 (which
+    Python keeps as surrogate escapes) become \\xNN escapes."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+# --- what the last scans found, so that an unchanged file is never read again ---
+
+SCAN_CACHE_FILE = "inbox_scan.json"
+
+
+class ScanCache:
+    """<index_dir>/inbox_scan.json: size, mtime_ns, content hash and problem of every readable file the
+    inbox sensor has read, for the inbox folder it was read from. A cache, not a record: losing it costs
+    one re-read of the inbox, and a state is only trusted while the file's size and mtime_ns match.
+    It lives beside the index rather than in the sensor cursor because Dagster stores the cursor with
+    every tick (at 10,000 files it would be megabytes per tick, kept with every tick that launched a run)."""
+
+    VERSION = 1
+
+    def __init__(self, index_dir: str | Path, root: str | Path):
+        self.path = Path(index_dir) / SCAN_CACHE_FILE
+        self.root = str(Path(root))
+        self._loaded: dict[str, tuple] = {}
+
+    def load(self) -> dict[str, FileState]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(data, dict) or data.get("version") != self.VERSION or data.get("root") != self.root:
+            return {}
+        try:
+            states = {row[0]: FileState(*row) for row in data["files"]}
+        except (KeyError, TypeError):
+            return {}
+        self._loaded = {doc_id: _cache_row(state) for doc_id, state in states.items()}
+        return states
+
+    def save(self, states: Mapping[str, FileState]) -> bool:
+        """Write the readable files' states if they differ from what was loaded; True when written."""
+        rows = {doc_id: _cache_row(state) for doc_id, state in states.items() if state.kind == "file"}
+        if rows == self._loaded:
+            return False
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps({"version": self.VERSION, "root": self.root, "files": list(rows.values())},
+                                      separators=(",", ":")))
+        os.replace(partial, self.path)
+        self._loaded = rows
+        return True
+
+
+def _cache_row(state: FileState) -> tuple:
+    return (state.doc_id, state.relative_path, state.size, state.mtime_ns, state.content_hash, state.problem)
 
 
 # --- files that failed at read time, remembered per index ---

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable
 
 import dagster as dg
 
 from lexgraph.ids import short_hash
 from lexgraph.inbox import FileState, KnownProblems, ReconcilePlan, plan_reconcile
-from orchestration.partitions import documents
 
 RANGE_START = "dagster/asset_partition_range_start"
 RANGE_END = "dagster/asset_partition_range_end"
@@ -60,7 +60,8 @@ def range_request(batch: list[str], files: dict[str, FileState], job_name: str =
 
 
 def reconcile(files: dict[str, FileState], indexed: dict[str, str], existing_keys: list[str],
-              purge: bool = True, *, index_dir: str | Path | None = None, log=None) -> ReconcileRequests:
+              purge: bool = True, *, index_dir: str | Path | None = None, log=None,
+              deferred: Iterable[str] = ()) -> ReconcileRequests:
     """Valid new files are added as partitions first so they form one contiguous range; each invalid
     new or changed file gets a run of its own, which fails with the file's problem without holding up
     the others. Entries that are not readable files (FIFOs, devices, link loops, ...) get no run.
@@ -68,16 +69,19 @@ def reconcile(files: dict[str, FileState], indexed: dict[str, str], existing_key
     index_dir: the index whose problems.json remembers files that failed at read time: an unchanged
     known-bad file is reported (plan.known_bad) but not re-run, new problems are recorded, and
     entries of files since indexed or removed are cleared. log: a logger (the sensor's) that names
-    each newly found problem."""
+    each newly found problem. deferred: doc_ids of files a time-boxed scan has not read yet: they are
+    left for a later reconcile, neither requested nor removed."""
     problems = KnownProblems(index_dir) if index_dir is not None else None
     known_bad = problems.load() if problems else {}
-    plan = plan_reconcile(files, indexed, set(existing_keys), known_bad)
+    deferred = set(deferred)
+    plan = plan_reconcile(files, indexed, set(existing_keys), known_bad, deferred)
     fresh = {k: message for k, message in plan.invalid.items() if k not in plan.known_bad}
     if problems:
         problems.update(
             record={k: (files[k].content_hash, files[k].relative_path, message) for k, message in fresh.items()
                     if files[k].kind != "vanished"},  # a vanished file is looked at again next time
-            clear=[k for k in known_bad if k not in files or indexed.get(k) == files[k].content_hash])
+            clear=[k for k in known_bad if k not in deferred
+                   and (k not in files or indexed.get(k) == files[k].content_hash)])
     if log is not None:
         for message in fresh.values():
             log.warning(f"not indexed: {message}")
@@ -102,12 +106,3 @@ def reconcile(files: dict[str, FileState], indexed: dict[str, str], existing_key
             tags={"lexgraph/documents": str(len(plan.removed))},
         )
     return requests
-
-
-def partition_requests(requests: ReconcileRequests) -> list:
-    changes: list = []
-    if requests.add_partitions:
-        changes.append(documents.build_add_request(requests.add_partitions))
-    if requests.delete_partitions:
-        changes.append(documents.build_delete_request(requests.delete_partitions))
-    return changes

@@ -7,6 +7,7 @@ run, a UI backfill, `lexgraph ingest`, a purge), since it compares state rather 
 
 import json
 import time
+from dataclasses import dataclass, field
 
 import dagster as dg
 from dagster._core.definitions.data_version import DATA_VERSION_TAG
@@ -14,11 +15,11 @@ from dagster._core.definitions.data_version import DATA_VERSION_TAG
 from assets.documents import inbox as inbox_asset
 from lexgraph.build.corpus_index import LEXICAL_GRAPH, catalog_digest
 from lexgraph.ids import short_hash
-from lexgraph.inbox import FileState, ReconcilePlan, scan_folder, states_from_json, states_to_json
+from lexgraph.inbox import FileState, ReconcilePlan, ScanCache, scan_folder, scan_inbox, states_from_json
 from orchestration.jobs import build_corpus_index, extract_documents, ingest_documents, purge_documents
 from orchestration.partitions import documents
 from orchestration.runner import drop_damaged_documents
-from orchestration.reconcile import ReconcileRequests, partition_requests, reconcile
+from orchestration.reconcile import ReconcileRequests, reconcile
 from orchestration.reextraction import REASON_TAG, SELECTION_DIFF_TAG, extraction_requests, selection_reextraction
 from resources import IndexResource, InboxResource, LanceDBResource
 
@@ -31,14 +32,43 @@ ACTIVE_RUN_STATUSES = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_START
                        dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
 
 
-def read_cursor(cursor: str | None) -> tuple[dict[str, FileState], dict[str, str]]:
-    """(file states of the last scan, doc_id -> content hash or "removed" already requested)."""
+# Dagster stops a sensor evaluation after 60 s (DAGSTER_SENSOR_GRPC_TIMEOUT_SECONDS). A tick reads files
+# for at most this long, then requests what it has and leaves the rest to the next tick.
+TICK_TIME_BOX_SECONDS = 40.0
+CURSOR_VERSION = 2
+
+
+@dataclass
+class InboxCursor:
+    """What the inbox sensor carries from tick to tick. Dagster stores the cursor with every tick, so it is
+    kept small: a short digest of each (document, content) already requested, and where a tick that ran
+    out of time stopped reading. The file states themselves are in the scan cache (lexgraph.inbox.ScanCache)."""
+    requested: set[str] = field(default_factory=set)
+    resume_after: str | None = None  # relative path of the last file read by a tick cut short
+    deferred: int = 0  # files that tick left unread
+    legacy_files: dict[str, FileState] = field(default_factory=dict)  # file states of a version-1 cursor
+
+    def to_json(self) -> str:
+        return json.dumps({"v": CURSOR_VERSION, "requested": sorted(self.requested),
+                           "resume_after": self.resume_after, "deferred": self.deferred}, separators=(",", ":"))
+
+
+def requested_digest(doc_id: str, value: str) -> str:
+    """A request for a document at some content (or its removal), in 12 hex digits."""
+    return short_hash(f"{doc_id}\x00{value}", 12)
+
+
+def read_cursor(cursor: str | None) -> InboxCursor:
     if not cursor:
-        return {}, {}
+        return InboxCursor()
     data = json.loads(cursor)
+    if data.get("v") == CURSOR_VERSION:
+        return InboxCursor(set(data.get("requested", [])), data.get("resume_after"), int(data.get("deferred", 0)))
+    # version 1: {"files": states, "requested": {doc_id: hash}}, or the bare states before that
     if isinstance(data.get("files"), dict) and isinstance(data.get("requested"), dict):
-        return states_from_json(data["files"]), dict(data["requested"])
-    return states_from_json(data), {}  # a cursor written before requests were remembered
+        requested = {requested_digest(k, v) for k, v in data["requested"].items()}
+        return InboxCursor(requested, legacy_files=states_from_json(data["files"]))
+    return InboxCursor(legacy_files=states_from_json(data))
 
 
 def _names(keys: list[str], files: dict[str, FileState]) -> str:
@@ -50,9 +80,11 @@ def _names(keys: list[str], files: dict[str, FileState]) -> str:
 def describe_tick(plan: ReconcilePlan, fresh: dict[str, str], pending: dict[str, str],
                   files: dict[str, FileState]) -> str:
     """What this tick found that no earlier tick requested; pending work requested before is only counted."""
+    later = (f"; {len(plan.deferred)} file(s) not read yet (time box reached), the next tick goes on"
+             if plan.deferred else "")
     if not fresh:
         waiting = f", {len(pending)} requested earlier and not yet done" if pending else ""
-        return f"inbox: nothing new ({len(plan.unchanged)} unchanged{waiting})"
+        return f"inbox: nothing new ({len(plan.unchanged)} unchanged{waiting}){later}"
     parts = []
     for label, keys in (("new", plan.new), ("changed", plan.changed), ("removed", plan.removed)):
         mine = [k for k in keys if k in fresh]
@@ -61,34 +93,59 @@ def describe_tick(plan: ReconcilePlan, fresh: dict[str, str], pending: dict[str,
     unreadable = [k for k in fresh if k in plan.invalid]
     tail = f"; {len(unreadable)} of them unreadable" if unreadable else ""
     earlier = len(pending) - len(fresh)
-    return f"inbox: requesting {', '.join(parts)}{tail}" + (f"; {earlier} requested earlier" if earlier else "")
+    return (f"inbox: requesting {', '.join(parts)}{tail}" + (f"; {earlier} requested earlier" if earlier else "")
+            + later)
+
+
+def add_partitions(instance: dg.DagsterInstance, keys: list[str]) -> None:
+    """All new document partitions in one insert. (Returned as an AddDynamicPartitionsRequest instead, the
+    sensor daemon would first check each key with a query of its own: 32 s for 10,000 keys on SQLite.)"""
+    if keys:
+        instance.add_dynamic_partitions(documents.name, keys)
 
 
 @dg.sensor(
     jobs=[ingest_documents, purge_documents], minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING,
     description="Compares inbox files (content hash) with the index catalog; adds partitions and requests "
     "batched ingestion for new and changed files, and a purge for removed ones. Logs only what no earlier "
-    "tick requested; a changed file is observed at once, so its partition shows unsynced until ingested.",
+    "tick requested; a changed file is observed at once, so its partition shows unsynced until ingested. "
+    "Only files whose size or mtime changed are read; a tick reads for at most 40 s and the next goes on.",
 )
 def inbox_sensor(context: dg.SensorEvaluationContext, inbox: InboxResource, lancedb: LanceDBResource):
-    previous, requested = read_cursor(context.cursor)
-    files = scan_folder(inbox.root(), previous)
+    cursor = read_cursor(context.cursor)
+    root = inbox.root()
+    index_dir = lancedb.index.settings().index_dir
+    cache = ScanCache(index_dir, root)
+    previous = cache.load() or cursor.legacy_files
+    scan = scan_inbox(root, previous, time_box=TICK_TIME_BOX_SECONDS,
+                      resume_after=cursor.resume_after if cursor.deferred else None)
+    files = scan.states
+    try:
+        cache.save(files)
+    except OSError as error:  # only costs re-reading next tick
+        context.log.warning(f"inbox: the scan cache {cache.path} could not be written ({error})")
     existing = context.instance.get_dynamic_partitions(documents.name)
-    requests = reconcile(files, lancedb.get().indexed_hashes(), existing, index_dir=lancedb.index.settings().index_dir, log=context.log)
+    requests = reconcile(files, lancedb.get().indexed_hashes(), existing, index_dir=index_dir, log=context.log,
+                         deferred=scan.deferred.values())
     plan = requests.plan
+    add_partitions(context.instance, requests.add_partitions)
     pending = {k: files[k].content_hash for k in plan.to_index} | {k: REMOVED for k in plan.removed}
-    fresh = {k: v for k, v in pending.items() if requested.get(k) != v}
+    digests = {k: requested_digest(k, v) for k, v in pending.items()}
+    fresh = {k: v for k, v in pending.items() if digests[k] not in cursor.requested}
     context.log.info(describe_tick(plan, fresh, pending, files))
     known = set(existing)
     observations = [dg.AssetObservation(asset_key=inbox_asset.key, partition=k,
                                         tags={DATA_VERSION_TAG: files[k].content_hash},
                                         metadata={"sha256": files[k].content_hash, "path": files[k].relative_path})
                     for k in plan.changed if k in fresh and k in known]
+    # a tick cut short keeps what earlier ticks requested of the files it did not reach
+    requested = set(digests.values()) | (cursor.requested if scan.deferred else set())
+    deletes = [documents.build_delete_request(requests.delete_partitions)] if requests.delete_partitions else []
     return dg.SensorResult(
         run_requests=requests.run_requests,
-        dynamic_partitions_requests=partition_requests(requests),
+        dynamic_partitions_requests=deletes,
         asset_events=observations,
-        cursor=json.dumps({"files": states_to_json(files), "requested": pending}),
+        cursor=InboxCursor(requested, scan.last_read if scan.deferred else None, len(scan.deferred)).to_json(),
     )
 
 
@@ -159,7 +216,8 @@ def corpus_index_sensor(context: dg.SensorEvaluationContext, index: IndexResourc
             return dg.SkipReason(f"the corpus run for this catalog failed (run {failed[0].run_id}); "
                                  f"retrying in {wait:.0f}s")
         # a damaged extract file fails every retry: send its document back to the inbox sensor first
-        repaired, _ = drop_damaged_documents(index.extract_store(), vectors, scan_folder(inbox.root()))
+        repaired, _ = drop_damaged_documents(index.extract_store(), vectors, scan_folder(
+            inbox.root(), ScanCache(index.settings().index_dir, inbox.root()).load()))
         if repaired:
             context.log.warning(f"damaged extract files, documents sent back for re-ingestion: {repaired}")
             return dg.SkipReason(f"{len(repaired)} document(s) with damaged extract files go back for "

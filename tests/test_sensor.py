@@ -1,12 +1,12 @@
 """The inbox and corpus sensors and the nightly schedules against a real instance and real stores."""
 import hashlib
-import json
 import logging
 
 import dagster as dg
 import polars as pl
 
 from lexgraph.build.corpus_index import CorpusFiles, catalog_digest
+from lexgraph.inbox import ScanCache
 from lexgraph.settings import Settings
 from orchestration.definitions import build_definitions
 from orchestration.reconcile import contiguous_batches
@@ -52,8 +52,8 @@ def _execute(defs, instance, result):
 def test_sensor_requests_new_changed_and_removed(tiny_corpus, home, instance):
     defs = build_definitions(Settings.from_env(home=home, inbox=tiny_corpus))
     first = _evaluate(defs, instance)
-    [add] = first.dynamic_partitions_requests
-    assert len(add.partition_keys) == 4
+    # the new partitions are added by the tick itself, in one insert: no request left for the daemon
+    assert first.dynamic_partitions_requests == [] and len(instance.get_dynamic_partitions("documents")) == 4
     assert len(first.run_requests) == 1 and first.run_requests[0].tags["lexgraph/documents"] == "4"
     _execute(defs, instance, first)
 
@@ -70,11 +70,12 @@ def test_sensor_requests_new_changed_and_removed(tiny_corpus, home, instance):
     purge = next(r for r in third.run_requests if r.job_name == "purge_documents")
     [removed] = purge.run_config["ops"]["purge_removed_documents"]["config"]["doc_ids"]
     assert removed.startswith("gamma.md-")
-    kinds = {type(c).__name__: list(c.partition_keys) for c in third.dynamic_partitions_requests}
-    assert kinds["DeleteDynamicPartitionsRequest"] == [removed]
-    assert [k[:8] for k in kinds["AddDynamicPartitionsRequest"]] == ["blank.md"]
-    state = json.loads(third.cursor)["files"]
-    assert any(s["problem"] and "blank.md" in s["problem"] for s in state.values())
+    [delete] = third.dynamic_partitions_requests
+    assert isinstance(delete, dg.DeleteDynamicPartitionsRequest) and list(delete.partition_keys) == [removed]
+    assert [k[:8] for k in instance.get_dynamic_partitions("documents")[4:]] == ["blank.md"]
+    state = ScanCache(defs.resources["index"].settings().index_dir, tiny_corpus).load()
+    assert any(s.problem and "blank.md" in s.problem for s in state.values())
+    assert len(third.cursor) < 400, "the cursor holds digests and a position, not file states"
     _execute(defs, instance, third)
 
     vectors, _ = stores(home)
@@ -86,8 +87,6 @@ def test_sensor_requests_new_changed_and_removed(tiny_corpus, home, instance):
 def test_same_pending_request_keeps_its_run_key(tiny_corpus, home, instance):
     defs = build_definitions(Settings.from_env(home=home, inbox=tiny_corpus))
     first = _evaluate(defs, instance)
-    for change in first.dynamic_partitions_requests:
-        instance.add_dynamic_partitions(change.partitions_def_name, list(change.partition_keys))
     again = _evaluate(defs, instance, first.cursor)  # the run has not happened yet
     assert [r.run_key for r in again.run_requests] == [r.run_key for r in first.run_requests]
 
@@ -121,8 +120,6 @@ def test_inbox_sensor_logs_only_work_no_earlier_tick_requested(tiny_corpus, home
     lines = _Lines()
     first = _evaluate(defs, instance, lines=lines)
     assert lines.lines[-1].startswith("inbox: requesting 4 new (") and "alpha.md" in lines.lines[-1]
-    for change in first.dynamic_partitions_requests:
-        instance.add_dynamic_partitions(change.partitions_def_name, list(change.partition_keys))
     pending = _evaluate(defs, instance, first.cursor, lines=lines)  # requested, not run yet
     assert lines.lines[-1] == "inbox: nothing new (0 unchanged, 4 requested earlier and not yet done)"
     assert [r.run_key for r in pending.run_requests] == [r.run_key for r in first.run_requests]
