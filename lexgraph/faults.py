@@ -2,7 +2,8 @@
 
 `crash_point(name)` does nothing unless the environment variable LEXGRAPH_CRASH_AT equals name;
 then the process sends itself SIGKILL at that spot: no cleanup, no flushing, no `finally`, exactly
-as if the machine lost power or an operator ran `kill -9`.
+as if the machine lost power or an operator ran `kill -9`. `name:n` (e.g. `extraction:3`) kills at
+the n-th time the process passes the point instead of the first.
 """
 from __future__ import annotations
 
@@ -16,8 +17,20 @@ EMBEDDING = "embedding"  # in embed_documents, after the first group of vectors 
 CATALOG = "catalog"  # at the end of load_graph, right after the catalog write
 KEYWORD_INDEX = "keyword_index"  # in the corpus keyword-index update, contributions written, index not yet
 POINTS = (EMBEDDING, CATALOG, KEYWORD_INDEX)
+# Reached only with an LLM configured, so not in POINTS: in extract_documents, right after a paid LLM call
+# is in the cost ledger and its answer in the extraction cache, before the document's extractions are written.
+EXTRACTION = "extraction"
+
+_passes: dict[str, int] = {}
 
 
 def crash_point(name: str) -> None:
-    if os.environ.get(CRASH_ENV) == name:
+    wanted = os.environ.get(CRASH_ENV)
+    if not wanted:
+        return
+    point, _, times = wanted.partition(":")
+    if point != name:
+        return
+    _passes[name] = _passes.get(name, 0) + 1
+    if _passes[name] >= int(times or 1):
         os.kill(os.getpid(), signal.SIGKILL)

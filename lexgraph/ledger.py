@@ -7,6 +7,12 @@ processes) never touch the same file, and a writer killed mid-batch leaves at mo
 temporary file that readers ignore. A part damaged some other way (a truncated copy, a full disk)
 is skipped by ``read()`` with a warning that names it; every other part still counts.
 
+Every row has a ``row_id`` (random unless given) and ``read()`` keeps one row per id, so parts can be
+merged without a window in which a crash double-counts: ``merge(parts)`` writes one part holding
+the rows of several, then deletes them; killed in between, both copies exist and count once. The
+extraction stage uses it to make every paid LLM call durable at once (one part per call, written
+right after the call, before its answer is cached) and still leave one part per document.
+
 Every cost figure (asset metadata, ``lexgraph cost``, the bench) is read from here, never recounted.
 """
 from __future__ import annotations
@@ -35,6 +41,7 @@ SCHEMA: dict[str, pl.DataType] = {
     "outcome": pl.String(),
     "attempts": pl.Int64(),  # HTTP requests behind this row (retries included); 0 for a cache hit
     "at": pl.Datetime("us", "UTC"),
+    "row_id": pl.String(),  # unique per row; a row read twice (a merge killed midway) counts once
 }
 REQUIRED = ("run_id", "stage", "model")
 DEFAULTS = {"doc_id": None, "chunk_id": None, "prompt_tokens": 0, "completion_tokens": 0, "seconds": 0.0,
@@ -69,7 +76,14 @@ def _row(raw: Mapping, now: dt.datetime) -> dict:
             raise LedgerError(f"ledger {name} must not be negative, got {row[name]}")
     row["seconds"] = float(row["seconds"] or 0.0)
     row["cache_hit"] = bool(row["cache_hit"])
+    row["row_id"] = str(row.get("row_id") or uuid.uuid4().hex)
     return {name: row.get(name) for name in SCHEMA}
+
+
+def _conformed(frame: pl.DataFrame) -> pl.DataFrame:
+    """A part's rows in the current schema (columns added since it was written are null)."""
+    return frame.select([pl.col(name).cast(dtype) if name in frame.columns else pl.lit(None, dtype).alias(name)
+                         for name, dtype in SCHEMA.items()])
 
 
 def empty_frame() -> pl.DataFrame:
@@ -92,7 +106,29 @@ class CostLedger:
         checked = [_row(raw, now) for raw in rows]
         if not checked:
             return None
-        frame = pl.DataFrame(checked, schema=SCHEMA, orient="row")
+        return self._write(pl.DataFrame(checked, schema=SCHEMA, orient="row"), now)
+
+    def merge(self, parts: Sequence[Path]) -> Path | None:
+        """Replace these parts (of this ledger) by one holding all their rows; returns it (None for no parts).
+        Written before the old parts are deleted: a merge killed midway leaves rows twice, with the same
+        row_id, and read() counts them once."""
+        parts = [Path(part) for part in parts]
+        if not parts:
+            return None
+        if len(parts) == 1:
+            return parts[0]
+        try:
+            frame = pl.concat([_conformed(pl.read_parquet(part)) for part in parts], how="vertical")
+        except (Exception, pl.exceptions.PanicException) as error:  # merging only saves files: keep them as they are
+            warnings.warn(f"cost ledger: parts not merged ({type(error).__name__}: {error})", LedgerWarning,
+                          stacklevel=2)
+            return None
+        merged = self._write(frame, dt.datetime.now(dt.timezone.utc))
+        for part in parts:
+            part.unlink(missing_ok=True)
+        return merged
+
+    def _write(self, frame: pl.DataFrame, now: dt.datetime) -> Path:
         self.folder.mkdir(parents=True, exist_ok=True)
         stamp = now.strftime("%Y%m%dT%H%M%S%fZ")
         name = f"part-{stamp}-{os.getpid()}-{uuid.uuid4().hex[:8]}.parquet"
@@ -117,21 +153,23 @@ class CostLedger:
             problem = parquet_problem(part, footer=False)  # cheap: magic bytes and footer length
             if problem is None:
                 try:
-                    frame = pl.read_parquet(part)
-                    frames.append(frame.select([pl.col(name).cast(dtype) if name in frame.columns
-                                                else pl.lit(None, dtype).alias(name)
-                                                for name, dtype in SCHEMA.items()]))
+                    frames.append(_conformed(pl.read_parquet(part)))
                     continue
                 except (Exception, pl.exceptions.PanicException) as error:
                     problem = f"unreadable Parquet ({type(error).__name__}: {error})"
             warnings.warn(f"cost ledger: skipping damaged part {part}: {problem}", LedgerWarning, stacklevel=2)
         if not frames:
             return empty_frame()
-        return pl.concat(frames, how="vertical").sort("at", maintain_order=True)
+        data = pl.concat(frames, how="vertical")
+        # one row per row_id (parts written before row ids existed have none: each of their rows counts)
+        data = data.filter(pl.col("row_id").is_null() | pl.col("row_id").is_first_distinct())
+        return data.sort("at", maintain_order=True)
 
     def totals(self, by: Sequence[str] = ("stage", "model"), *, run_id: str | None = None,
                frame: pl.DataFrame | None = None) -> pl.DataFrame:
-        """Per group: calls (rows), cache_hits, requests (HTTP attempts), prompt/completion tokens, seconds.
+        """Per group: calls (rows, cache hits included, refused ones not), cache_hits, refused (rows of calls an
+        open circuit breaker did not send: no request, no cost), requests (HTTP attempts), prompt/completion
+        tokens, seconds.
 
         ``run_id`` restricts to one run; ``frame`` totals an already-read ledger instead of reading again.
         """
@@ -142,8 +180,10 @@ class CostLedger:
         data = self.read() if frame is None else frame
         if run_id is not None:
             data = data.filter(pl.col("run_id") == run_id)
+        refused = ~pl.col("cache_hit") & (pl.col("attempts") == 0)  # nothing sent (an open circuit breaker)
         aggregates = [
-            pl.len().cast(pl.Int64).alias("calls"),
+            (pl.len() - refused.sum()).cast(pl.Int64).alias("calls"),
+            refused.sum().cast(pl.Int64).alias("refused"),
             pl.col("cache_hit").sum().cast(pl.Int64).alias("cache_hits"),
             pl.col("attempts").sum().cast(pl.Int64).alias("requests"),
             pl.col("prompt_tokens").sum().cast(pl.Int64).alias("prompt_tokens"),
@@ -153,3 +193,37 @@ class CostLedger:
         if not by:
             return data.select(aggregates)
         return data.group_by(by).agg(aggregates).sort(by)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m lexgraph.ledger [FOLDER] [--run RUN_ID]`: rows by stage and outcome (failed calls by reason,
+    cache hits, calls the circuit breaker refused), of the ledger of $LEXGRAPH_HOME's index by default."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m lexgraph.ledger", description=main.__doc__.split(":", 1)[1])
+    parser.add_argument("folder", nargs="?", help="a ledger folder (default: the current settings' index)")
+    parser.add_argument("--run", help="only this run's rows")
+    args = parser.parse_args(argv)
+    if args.folder:
+        folder = Path(args.folder)
+    else:
+        from lexgraph.settings import Settings
+
+        folder = Settings.from_env().ledger_dir
+    ledger = CostLedger(folder)
+    frame = ledger.read().with_columns(
+        pl.when(pl.col("cache_hit")).then(pl.lit("cache hit")).otherwise(pl.col("outcome")).alias("outcome"))
+    totals = ledger.totals(by=["stage", "outcome"], run_id=args.run, frame=frame)
+    print(f"cost ledger {folder}" + (f", run {args.run}" if args.run else ""))
+    if not totals.height:
+        print("  no rows")
+        return 0
+    width = max(28, *(len(o) for o in totals["outcome"].to_list()))
+    print(f"  {'stage':<20} {'outcome':<{width}} {'rows':>6} {'requests':>8}")
+    for row in totals.iter_rows(named=True):
+        print(f"  {row['stage']:<20} {row['outcome']:<{width}} {row['calls'] + row['refused']:>6} {row['requests']:>8}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -50,13 +50,20 @@ def mark_handled(files: CorpusFiles, digest: str) -> None:
 
 
 def selection_reextraction(settings: Settings, catalog) -> tuple[str | None, list[str]]:
-    """(digest of the current selection diff, documents it asks to re-extract). No documents when no LLM is
-    configured (every chunk is heuristic either way) or the diff was handled already."""
+    """(digest of the current selection diff, documents to re-extract): those it newly selects chunks of, unless
+    the diff was handled already, those with skeleton chunks whose LLM call failed last time (retried on every
+    run until they succeed; only those chunks call the LLM), and those a killed run extracted but did not
+    flatten (cache hits only). None when no LLM is configured."""
     files = CorpusFiles(settings.index_dir)
     digest = diff_digest(files)
-    if digest is None or settings.extractor != "openai" or digest == handled_digest(files):
+    if digest is None or settings.extractor != "openai":
         return digest, []
-    return digest, lexical.documents_to_reextract(read_selection_diff(files), files.skeleton, catalog)
+    store = ExtractStore(settings.extract_dir)
+    retry = {*lexical.documents_with_llm_failures(store, catalog, lexical.read_skeleton(files.skeleton)),
+             *lexical.documents_with_unflattened_extractions(store, catalog)}
+    if digest == handled_digest(files):
+        return digest, sorted(retry)
+    return digest, sorted({*lexical.documents_to_reextract(read_selection_diff(files), files.skeleton, catalog), *retry})
 
 
 def changed_extractions(settings: Settings, catalog) -> dict[str, str]:

@@ -243,7 +243,7 @@ def reextract_index(instance: dg.DagsterInstance, settings: Settings,
     ledger = CostLedger(settings.ledger_dir).read()
     mine = ledger.filter(pl.col("run_id").is_in(report.runs) & (pl.col("stage") == "extraction"))
     report.cache_hits = int(mine["cache_hit"].sum())
-    report.llm_calls = mine.height - report.cache_hits
+    report.llm_calls = int((~mine["cache_hit"] & (mine["attempts"] > 0)).sum())  # not the breaker's refusals
     return report
 
 

@@ -191,6 +191,19 @@ def test_dropped_connection_and_non_json_body_are_retried(server):
     assert outcome.outcome == "ok" and server.served == ["disconnect", "garbage", "ok"]
 
 
+def test_an_open_circuit_breaker_sends_nothing_and_falls_back_at_no_cost(server):
+    server.fail_every(1, 503)
+    fallback = StubFallback()
+    extractor = make(server, fallback=fallback, max_retries=0, breaker_failures=2)
+    outcomes = [extractor.extract(CHUNK) for _ in range(4)]
+    assert [o.outcome for o in outcomes] == ["fallback: server error (503) after 1 try"] * 2 + [
+        "fallback: circuit open"] * 2
+    assert server.calls == 2 and [o.attempts for o in outcomes] == [1, 1, 0, 0] and fallback.calls == 4
+    assert "circuit breaker open after 2 consecutive failed calls" in outcomes[-1].error
+    row = extractor.ledger_row(outcomes[-1], CHUNK, run_id="r")
+    assert (row["attempts"], row["prompt_tokens"], row["outcome"]) == (0, 0, "fallback: circuit open")
+
+
 def test_a_rejected_request_is_not_retried(server):
     server.fail_next(401, times=5)
     fallback = StubFallback()

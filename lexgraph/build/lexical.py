@@ -5,6 +5,10 @@
    extraction cache, keyed by chunk content, model and prompt version, so a chunk never pays twice);
    every other chunk, and every chunk whose LLM call failed or could not be sent, gets the heuristic
    extraction, and the failure is recorded on its row. Every model call and cache hit is a cost-ledger row.
+   Only the LLM's own answers are cached, never a fallback, so a chunk whose call failed (or was refused
+   by the open circuit breaker) is sent again by the next run (`documents_with_llm_failures`), and only
+   it: the chunks that succeeded are cache hits. A paid call is in the ledger and the cache before
+   anything else happens, so a run killed at any point pays for no call twice.
 2. Flatten (`flatten_documents`): the extractions as tables per document: `statements`, `topics`,
    `facts`, `entities`, `relations`, each row with its provenance (extractor, model, prompt version,
    extraction time).
@@ -28,7 +32,9 @@ from lexgraph import progress as report
 from lexgraph.build.pipeline import (CHUNKS, ENTITIES, EXTRACTIONS, FACTS, RELATIONS, STATEMENTS, TOPICS,
                                      StageResult)
 from lexgraph.extract.extraction_cache import ExtractionCache, key_for
+from lexgraph.extract.llm import CIRCUIT_OPEN
 from lexgraph.extract.schemas import ChunkExtraction, ChunkInput, ExtractionOutcome, Extractor
+from lexgraph.faults import EXTRACTION as EXTRACTION_CRASH_POINT, crash_point
 from lexgraph.ids import content_hash, short_hash
 from lexgraph.ledger import CostLedger
 from lexgraph.storage.extract_store import ExtractStore
@@ -78,9 +84,10 @@ class ExtractionTally:
 
     chunks: int = 0
     skeleton_chunks: int = 0
-    llm_calls: int = 0  # requests that reached the model (cache misses)
+    llm_calls: int = 0  # calls that reached the model (cache misses; retries are one call)
     cache_hits: int = 0
     llm_failures: int = 0  # chunks that kept the heuristic extraction after the LLM failed
+    llm_refused: int = 0  # chunks not sent because the circuit breaker was open (heuristic extraction kept)
     heuristic_chunks: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -89,8 +96,8 @@ class ExtractionTally:
     def figures(self) -> dict:
         figures = {"rows": self.chunks, "chunks": self.chunks, "skeleton_chunks": self.skeleton_chunks,
                    "llm_calls": self.llm_calls, "cache_hits": self.cache_hits, "llm_failures": self.llm_failures,
-                   "heuristic_chunks": self.heuristic_chunks, "prompt_tokens": self.prompt_tokens,
-                   "completion_tokens": self.completion_tokens}
+                   "llm_refused_circuit_open": self.llm_refused, "heuristic_chunks": self.heuristic_chunks,
+                   "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
         if self.not_sent:
             figures["not_sent"] = self.not_sent
         return figures
@@ -156,7 +163,10 @@ def extract_documents(doc_ids: Iterable[str], store: ExtractStore, skeleton: set
 
     skeleton: the chunk ids currently selected for LLM extraction. llm: None means heuristic only. A cache
     hit costs no call; a call that fails after the extractor's retries leaves the chunk its heuristic
-    extraction, with the failure in `outcome` and `error`. masker: applied by the caller's extractor
+    extraction, with the failure in `outcome` and `error` (so the next run sends it again: see
+    documents_with_llm_failures). A paid call's ledger row is written at once, then its answer cached, then
+    (crash point `extraction`) the next chunk goes; the document's rows are merged into one ledger part
+    before its extractions are written. masker: applied by the caller's extractor
     (OpenAIExtractor(masker=...)); here only checked up front for the whole document, so a document whose
     masking fails sends nothing. Figures per document: ExtractionTally."""
     result = StageResult()
@@ -169,7 +179,7 @@ def extract_documents(doc_ids: Iterable[str], store: ExtractStore, skeleton: set
         selected = [c for c in inputs if c.chunk_id in skeleton]
         tally.skeleton_chunks = len(selected)
         tally.not_sent = _masking_problem(llm, selected, masker) if llm is not None and selected else ""
-        rows, ledger_rows = [], []
+        rows, ledger_rows, paid_parts = [], [], []
         for chunk in inputs:
             in_skeleton = chunk.chunk_id in skeleton
             if llm is None or not in_skeleton or tally.not_sent:
@@ -196,25 +206,38 @@ def extract_documents(doc_ids: Iterable[str], store: ExtractStore, skeleton: set
                 report.advance("extracting")
                 continue
             outcome = llm.extract(chunk)
-            ledger_rows.append(_ledger_row(llm, outcome, chunk, run_id, cache_hit=False))
-            tally.llm_calls += 1
-            tally.prompt_tokens += outcome.prompt_tokens
-            tally.completion_tokens += outcome.completion_tokens
-            if outcome.outcome == "ok" and outcome.error is None:
+            row = _ledger_row(llm, outcome, chunk, run_id, cache_hit=False)
+            if is_refused(outcome.outcome):  # nothing was sent: no cost, recorded with the document's rows
+                ledger_rows.append(row)
+                tally.llm_refused += 1
+            else:
+                if ledger is not None:  # durable at once: a crash after the call never loses its cost
+                    paid_parts.append(ledger.record([row]))
+                tally.llm_calls += 1
+                tally.prompt_tokens += outcome.prompt_tokens
+                tally.completion_tokens += outcome.completion_tokens
+            if outcome.outcome == "ok" and outcome.error is None and outcome.extractor == llm.name:
                 extracted_at = _now()
-                if cache is not None:
+                if cache is not None:  # only the LLM's own answer; a fallback is never cached as if it were
                     cache.put(key, outcome.extraction, {"extracted_at": extracted_at.isoformat(),
-                                                        "chunk_id": chunk.chunk_id, "extractor": llm.name})
+                                                        "chunk_id": chunk.chunk_id, "extractor": llm.name,
+                                                        "run_id": run_id, "attempts": outcome.attempts})
                 rows.append(_row(chunk, outcome.extraction, outcome.extractor, outcome.model, outcome.prompt_version,
                                  extracted_at, True, attempts=outcome.attempts))
             else:  # the chunk keeps its heuristic extraction; the failure is on its row and in the ledger
-                tally.llm_failures += 1
+                if not is_refused(outcome.outcome):
+                    tally.llm_failures += 1
                 tally.heuristic_chunks += 1
                 rows.append(_heuristic_row(heuristic, chunk, True, outcome.outcome, outcome.error or outcome.outcome,
                                            attempts=outcome.attempts))
+            if not is_refused(outcome.outcome):
+                crash_point(EXTRACTION_CRASH_POINT)  # the call is in the ledger and (if it succeeded) the cache
             report.advance("extracting")
-        if ledger is not None and ledger_rows:
-            ledger.record(ledger_rows)  # before the extractions: a crash after a call never loses its cost
+        if ledger is not None and (ledger_rows or paid_parts):
+            # before the extractions: a crash after a call never loses its cost; the document's per-call parts
+            # and the rest of its rows (cache hits, refused chunks) end as one part
+            part = ledger.record(ledger_rows)
+            ledger.merge(paid_parts + ([part] if part else []))
         store.write(EXTRACTIONS, doc_id, _frame(EXTRACTIONS, rows))
         result.done.append(doc_id)
         result.rows += len(rows)
@@ -223,6 +246,80 @@ def extract_documents(doc_ids: Iterable[str], store: ExtractStore, skeleton: set
         if progress:
             progress(1)
     return result
+
+
+def is_refused(outcome: str) -> bool:
+    """An extraction outcome of a chunk the circuit breaker did not send ("failed: circuit open", "fallback: …")."""
+    return outcome.partition(": ")[2] == CIRCUIT_OPEN
+
+
+def is_llm_failure(outcome: str) -> bool:
+    """An extraction outcome of a skeleton chunk whose LLM call failed or was refused by the open circuit
+    breaker (it kept its heuristic extraction); "not sent: masking failed" is not one: sending it again would
+    fail the same way."""
+    return outcome.startswith(("failed: ", "fallback: "))
+
+
+def documents_with_llm_failures(store: ExtractStore, doc_ids: Iterable[str], skeleton: set[str]) -> dict[str, list[str]]:
+    """doc_id -> its chunks still in the skeleton whose LLM extraction failed (or was refused by the circuit
+    breaker) the last time: what the next run sends again. Only those chunks call the LLM then; the document's
+    other chunks are cache hits."""
+    doc_ids = set(doc_ids)
+    if not doc_ids or not skeleton:
+        return {}
+    columns = ["doc_id", "chunk_id", "outcome"]
+    try:
+        frame = store.scan(EXTRACTIONS)
+        frame = pl.DataFrame(schema={c: pl.Utf8 for c in columns}) if frame is None else frame.select(columns).collect()
+    except Exception:  # noqa: BLE001 - a damaged file: read the others one by one (the damaged one is reported elsewhere)
+        parts = []
+        for doc_id in sorted(doc_ids):
+            try:
+                parts.append(store.read(EXTRACTIONS, doc_id).select(columns))
+            except Exception:  # noqa: BLE001
+                continue
+        frame = pl.concat(parts) if parts else pl.DataFrame(schema={c: pl.Utf8 for c in columns})
+    failed: dict[str, list[str]] = {}
+    for doc_id, chunk, outcome in frame.iter_rows():
+        if doc_id in doc_ids and chunk in skeleton and is_llm_failure(outcome or ""):
+            failed.setdefault(doc_id, []).append(chunk)
+    return {doc_id: sorted(chunks) for doc_id, chunks in sorted(failed.items())}
+
+
+def documents_with_unflattened_extractions(store: ExtractStore, doc_ids: Iterable[str]) -> list[str]:
+    """Documents whose lexical tables were not all written after their extractions: a run stopped (killed)
+    between extracting a document and flattening it, so its statements, facts and entities are the previous
+    extraction's. Re-running them costs no LLM call (their chunks are cache hits). By file times: a copy that
+    does not keep them only makes documents re-run needlessly."""
+    behind = []
+    for doc_id in doc_ids:
+        try:
+            extracted = store.path(EXTRACTIONS, doc_id).stat().st_mtime_ns
+        except FileNotFoundError:
+            continue
+        for stage in LEXICAL_STAGES:
+            try:
+                if store.path(stage, doc_id).stat().st_mtime_ns < extracted:
+                    behind.append(doc_id)
+                    break
+            except FileNotFoundError:
+                behind.append(doc_id)
+                break
+    return behind
+
+
+def llm_failure_figures(ledger: pl.DataFrame, run_id: str) -> dict:
+    """A run's LLM extraction failures from the cost ledger (a read ledger frame): failed calls in all and by
+    reason, and chunks the open circuit breaker did not send. For the run's metadata."""
+    rows = ledger.filter((pl.col("run_id") == run_id) & (pl.col("stage") == EXTRACTION_STAGE) & ~pl.col("cache_hit"))
+    reasons: dict[str, int] = {}
+    for outcome in rows["outcome"].to_list():
+        if is_llm_failure(outcome or ""):
+            reason = outcome.partition(": ")[2]
+            reasons[reason] = reasons.get(reason, 0) + 1
+    refused = reasons.pop(CIRCUIT_OPEN, 0)
+    return {"batch_llm_failures": sum(reasons.values()), "batch_llm_failure_reasons": dict(sorted(reasons.items())),
+            "batch_llm_refused_circuit_open": refused}
 
 
 def read_skeleton(path) -> set[str]:
@@ -633,9 +730,13 @@ def stale_documents(store: ExtractStore, doc_ids: Iterable[str], skeleton: set[s
                     llm_prompt: str | None, heuristic: Extractor) -> dict[str, str]:
     """doc_id -> why its extractions no longer match what the current extractors would give: a chunk without
     an extraction, a skeleton chunk not (successfully) extracted by the current LLM model and prompt version, or
-    any other chunk not by the current heuristic rules. What `lexgraph reextract` re-runs."""
+    any other chunk not by the current heuristic rules; or lexical tables not flattened from the current
+    extractions (a run killed between the two). What `lexgraph reextract` re-runs."""
     stale: dict[str, str] = {}
-    for doc_id in doc_ids:
+    doc_ids = list(doc_ids)
+    for doc_id in documents_with_unflattened_extractions(store, doc_ids):
+        stale[doc_id] = "its statements, facts and entities were not made from its current extractions"
+    for doc_id in [d for d in doc_ids if d not in stale]:
         if not store.exists(CHUNKS, doc_id):
             continue
         chunks = store.read(CHUNKS, doc_id)["chunk_id"].to_list()

@@ -8,6 +8,12 @@ warning, and is overwritten by the next ``put``.
 
 A model or prompt change gives a new key, so old entries are simply not found: nothing is
 invalidated in place, and switching back finds the old entries again.
+
+Only an LLM's own validated answer is stored: the extraction stage never puts a fallback (the heuristic
+extraction a chunk keeps when its call failed, or was refused by the open circuit breaker) under the
+LLM's key, so such a chunk is a miss and is sent again by the next run, while every chunk that
+succeeded stays a hit and is never paid for twice. An entry is written right after its call (and
+its cost-ledger row), so a run killed afterwards still finds it.
 """
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ import re
 import uuid
 import warnings
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Iterator, Mapping, NamedTuple
 
 from pydantic import ValidationError
 
@@ -115,3 +121,15 @@ class ExtractionCache:
 
     def __contains__(self, key: CacheKey) -> bool:
         return self.path(key).is_file()
+
+    def items(self) -> Iterator[tuple[CacheKey, dict[str, Any]]]:
+        """Every readable entry's key and metadata (for audits and tests: what has been paid for)."""
+        if not self.root.is_dir():
+            return
+        for path in sorted(self.root.glob("*/*/*.json")):
+            try:
+                payload = json.loads(path.read_text(encoding="utf-8"))
+                key = CacheKey(*payload["key"])
+            except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+                continue
+            yield key, dict(payload.get("meta") or {})

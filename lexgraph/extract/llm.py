@@ -12,6 +12,30 @@ Failure handling, in two layers:
 - output: instructor re-asks ``validation_retries`` times when the answer is not valid JSON or
   does not validate against the response model.
 
+Circuit breaker, the third layer: after ``breaker_failures`` consecutive calls that failed after all
+their retries (any :class:`LLMFailure`: timeouts, connection errors, 429s and 5xx past the retries,
+rejected requests, malformed output), the client stops calling the endpoint. Every call while the
+breaker is open fails at once with the reason ``"circuit open"`` and sends nothing; the extractor
+then gives the chunk its fallback (outcome ``"fallback: circuit open"``, or ``"failed: circuit
+open"`` without one) at no cost. After ``breaker_cooldown_seconds`` one call is let through as a
+probe, with no transport retries (half-open): if it succeeds the breaker closes and calls resume;
+if it fails the breaker opens again with the cool-down doubled, up to
+``breaker_cooldown_max_seconds``. A cool-down rather than "off for the rest of the run", because a
+nightly run lasts hours and an endpoint that restarts for five minutes should not cost the whole
+night's extractions, and because the query service keeps one client for the life of its process:
+there is no "rest of the run". Opening, re-opening and closing are logged as warnings; ``breaker``
+(a :class:`CircuitBreaker`) tells the state, how often it opened and how many calls it refused.
+The state lives in the client: one Dagster run step for the extractor (a batch of documents), the
+process for the query service. ``breaker_failures=0`` turns the breaker off.
+
+=====================================  ==================================================  ========
+setting                                environment variable                                default
+=====================================  ==================================================  ========
+``breaker_failures``                   ``LEXGRAPH_LLM_BREAKER_FAILURES`` (0: off)           5
+``breaker_cooldown_seconds``           ``LEXGRAPH_LLM_BREAKER_COOLDOWN``                    60
+``breaker_cooldown_max_seconds``       ``LEXGRAPH_LLM_BREAKER_COOLDOWN_MAX``                900
+=====================================  ==================================================  ========
+
 After the last retry ``extract()`` does not raise: it returns an :class:`ExtractionOutcome` with
 outcome ``"failed: <reason>"`` and the error, or, when a ``fallback`` extractor was given, the
 fallback's extraction with outcome ``"fallback: <reason>"``; the tokens the failed calls spent are
@@ -103,6 +127,9 @@ class LLMConfig:
     backoff_max_seconds: float = 30.0  # cap on any wait, Retry-After included
     mode: str = "json"
     entity_types: tuple[str, ...] = DEFAULT_ENTITY_TYPES
+    breaker_failures: int = 5       # consecutive failed calls that open the circuit breaker; 0: no breaker
+    breaker_cooldown_seconds: float = 60.0  # open this long, then one probe call; doubles after a failed probe
+    breaker_cooldown_max_seconds: float = 900.0  # cap on the doubled cool-down
 
     ENV = {
         "base_url": ("LEXGRAPH_LLM_BASE_URL", "OPENAI_BASE_URL"),
@@ -115,6 +142,9 @@ class LLMConfig:
         "backoff_max_seconds": ("LEXGRAPH_LLM_BACKOFF_MAX",),
         "mode": ("LEXGRAPH_LLM_MODE",),
         "entity_types": ("LEXGRAPH_ENTITY_TYPES",),
+        "breaker_failures": ("LEXGRAPH_LLM_BREAKER_FAILURES",),
+        "breaker_cooldown_seconds": ("LEXGRAPH_LLM_BREAKER_COOLDOWN",),
+        "breaker_cooldown_max_seconds": ("LEXGRAPH_LLM_BREAKER_COOLDOWN_MAX",),
     }
 
     @property
@@ -162,13 +192,21 @@ class LLMConfig:
             fail("mode", f"must be one of {', '.join(MODES)}, got {self.mode!r}")
         if not self.entity_types or not all(isinstance(t, str) and t.strip() for t in self.entity_types):
             fail("entity_types", f"must be a comma-separated list of type names, got {self.entity_types!r}")
+        if not 0 <= self.breaker_failures <= 1000:
+            fail("breaker_failures", f"must be a whole number from 0 (no breaker) to 1000, got {self.breaker_failures}")
+        if not 0 <= self.breaker_cooldown_seconds <= 86400:
+            fail("breaker_cooldown_seconds", f"must be seconds from 0 to 86400, got {self.breaker_cooldown_seconds}")
+        if not self.breaker_cooldown_seconds <= self.breaker_cooldown_max_seconds <= 86400:
+            fail("breaker_cooldown_max_seconds", "must be seconds from the cool-down "
+                 f"({self.breaker_cooldown_seconds:g}) to 86400, got {self.breaker_cooldown_max_seconds}")
 
 
 def _parse_setting(name: str, variable: str, raw: str) -> Any:
     try:
-        if name in ("timeout_seconds", "backoff_seconds", "backoff_max_seconds"):
+        if name in ("timeout_seconds", "backoff_seconds", "backoff_max_seconds", "breaker_cooldown_seconds",
+                    "breaker_cooldown_max_seconds"):
             return float(raw)
-        if name in ("max_retries", "validation_retries"):
+        if name in ("max_retries", "validation_retries", "breaker_failures"):
             return int(raw)
     except ValueError:
         kind = "a number of seconds" if name.endswith("seconds") else "a whole number"
@@ -212,12 +250,94 @@ class LLMFailure(Exception):
         self.detail = detail
 
 
+CIRCUIT_OPEN = "circuit open"  # the LLMFailure reason of a call the breaker refused (nothing was sent)
+
+
+class CircuitBreaker:
+    """Consecutive-failure circuit breaker of one endpoint (see the module docstring). Thread-safe.
+
+    closed: calls go through; ``threshold`` consecutive failed calls open it. open: calls are refused until
+    the cool-down has passed, then one call is let through as a probe (half-open; the others are still
+    refused). The probe's success closes it; its failure opens it again with the cool-down doubled, up to
+    ``cooldown_max``. A threshold of 0 never opens.
+    """
+
+    CLOSED, OPEN, HALF_OPEN = "closed", "open", "half-open"
+
+    def __init__(self, threshold: int, cooldown: float, cooldown_max: float, *, endpoint: str = "",
+                 clock: Callable[[], float] = time.monotonic):
+        self.threshold = threshold
+        self.cooldown_base = cooldown
+        self.cooldown_max = max(cooldown, cooldown_max)
+        self.endpoint = endpoint
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.state = self.CLOSED
+        self.cooldown = cooldown      # the current cool-down
+        self.consecutive_failures = 0
+        self.opened_at: float | None = None
+        self.opens = 0                # times it opened (re-opening after a failed probe included)
+        self.refused = 0              # calls refused while open: nothing was sent for them
+        self.probes = 0
+        self.last_failure = ""        # the reason of the failure that last opened it
+
+    def allow(self) -> str | None:
+        """"call", "probe" (half-open: the one call let through after the cool-down) or None (refused)."""
+        with self._lock:
+            if self.state == self.CLOSED or self.threshold <= 0:
+                return "call"
+            if self.state == self.OPEN and self._clock() - (self.opened_at or 0.0) >= self.cooldown:
+                self.state = self.HALF_OPEN
+                self.probes += 1
+                log.warning("LLM circuit breaker half-open: probing %s after a %gs cool-down", self.endpoint or
+                            "the endpoint", self.cooldown)
+                return "probe"
+            self.refused += 1
+            return None
+
+    def succeeded(self) -> None:
+        with self._lock:
+            self.consecutive_failures = 0
+            if self.state != self.CLOSED:
+                log.warning("LLM circuit breaker closed: %s answers again; calls resume", self.endpoint or "the endpoint")
+                self.state, self.cooldown, self.opened_at = self.CLOSED, self.cooldown_base, None
+
+    def failed(self, reason: str, probe: bool = False) -> None:
+        with self._lock:
+            self.consecutive_failures += 1
+            if probe or self.state == self.HALF_OPEN:
+                self.cooldown = min(self.cooldown * 2, self.cooldown_max) if self.cooldown else self.cooldown_max
+                self._open(reason, "the probe failed")
+            elif self.state == self.CLOSED and 0 < self.threshold <= self.consecutive_failures:
+                self._open(reason, f"{self.consecutive_failures} consecutive calls failed")
+
+    def _open(self, reason: str, why: str) -> None:
+        self.state, self.opened_at, self.last_failure = self.OPEN, self._clock(), reason
+        self.opens += 1
+        log.warning("LLM circuit breaker open: %s (last: %s); not calling %s for %gs, chunks get their "
+                    "fallback extraction meanwhile", why, reason, self.endpoint or "the endpoint", self.cooldown)
+
+    def describe(self) -> str:
+        """Why a call is refused, for the refused call's error."""
+        return (f"circuit breaker open after {self.threshold} consecutive failed calls (last: {self.last_failure}); "
+                f"nothing sent to {self.endpoint or 'the endpoint'}, a probe follows after {self.cooldown:g}s")
+
+    def snapshot(self) -> dict[str, Any]:
+        """The state for metadata and reports."""
+        with self._lock:
+            return {"state": self.state, "opens": self.opens, "refused_calls": self.refused, "probes": self.probes,
+                    "consecutive_failures": self.consecutive_failures, "threshold": self.threshold,
+                    "cooldown_seconds": self.cooldown, "last_failure": self.last_failure}
+
+
 class StructuredLLM:
     """An instructor client over one OpenAI-compatible endpoint: :meth:`call` returns a validated
-    response model or raises :class:`LLMFailure` after the transport and validation retries. Shared by
-    the extractor and the answerer, so both retry, back off and count tokens the same way."""
+    response model or raises :class:`LLMFailure` after the transport and validation retries, or at once
+    while its circuit :attr:`breaker` is open. Shared by the extractor and the answerer, so both retry,
+    back off, stop calling a failing endpoint and count tokens the same way."""
 
-    def __init__(self, config: LLMConfig, *, sleep: Callable[[float], None] = time.sleep, http_client: Any = None):
+    def __init__(self, config: LLMConfig, *, sleep: Callable[[float], None] = time.sleep, http_client: Any = None,
+                 clock: Callable[[], float] = time.monotonic):
         import instructor
         import openai
 
@@ -233,9 +353,17 @@ class StructuredLLM:
                                      max_retries=0, http_client=http_client)
         mode = instructor.Mode.JSON if config.mode == "json" else instructor.Mode.TOOLS
         self._client = instructor.from_openai(self._openai, mode=mode)
+        # instructor logs every failed attempt at ERROR, retries this class handles included; this module logs
+        # each failure once, classified (unless the application configured instructor's logger itself)
+        instructor_log = logging.getLogger("instructor")
+        if instructor_log.level == logging.NOTSET:
+            instructor_log.setLevel(logging.CRITICAL)
         self._stats = _CallStats()
         self._client.on("completion:kwargs", self._on_request)
         self._client.on("completion:response", self._on_response)
+        self.breaker = CircuitBreaker(config.breaker_failures, config.breaker_cooldown_seconds,
+                                      config.breaker_cooldown_max_seconds,
+                                      endpoint=f"{config.model} at {config.base_url or 'the OpenAI API'}", clock=clock)
 
     def reset_stats(self) -> _CallStats:
         """Zero this thread's request and token counts, and return them (they fill in as calls are made)."""
@@ -257,7 +385,25 @@ class StructuredLLM:
             self._stats.completion_tokens += int(getattr(usage, "completion_tokens", 0) or 0)
 
     def call(self, messages: list[dict[str, str]], response_model: type) -> Any:
-        """The validated answer, or LLMFailure after the last transport or validation retry."""
+        """The validated answer, or LLMFailure after the last transport or validation retry, or at once (reason
+        "circuit open", nothing sent) while the circuit breaker is open."""
+        permit = self.breaker.allow()
+        if permit is None:
+            raise LLMFailure(CIRCUIT_OPEN, self.breaker.describe())
+        probe = permit == "probe"
+        try:
+            answer = self._call(messages, response_model, 0 if probe else self.config.max_retries)
+        except LLMFailure as failure:
+            self.breaker.failed(failure.reason, probe=probe)
+            raise
+        except BaseException:  # not the endpoint's fault (an interrupt): a probe must not leave it half-open
+            if probe:
+                self.breaker.failed("interrupted", probe=True)
+            raise
+        self.breaker.succeeded()
+        return answer
+
+    def _call(self, messages: list[dict[str, str]], response_model: type, max_retries: int) -> Any:
         import instructor.core.exceptions as instructor_errors
 
         retry_number = 0
@@ -276,11 +422,12 @@ class StructuredLLM:
             transient, reason, delay_hint = _classify(cause, attempts)
             if not transient:
                 raise LLMFailure(reason, _describe(cause))
-            if retry_number >= self.config.max_retries:
-                raise LLMFailure(f"{reason} after {retry_number + 1} tries", _describe(cause))
+            if retry_number >= max_retries:
+                tries = "1 try" if retry_number == 0 else f"{retry_number + 1} tries"
+                raise LLMFailure(f"{reason} after {tries}", _describe(cause))
             delay = self._backoff(retry_number, delay_hint)
             log.info("LLM %s (%s); retry %d of %d in %.2fs", reason, _describe(cause)[:200], retry_number + 1,
-                     self.config.max_retries, delay)
+                     max_retries, delay)
             self._sleep(delay)
             retry_number += 1
 
@@ -302,8 +449,9 @@ class OpenAIExtractor(StructuredLLM):
 
     def __init__(self, config: LLMConfig, *, fallback: Extractor | None = None,
                  masker: Callable[[str], Any] | None = None, system_prompt: str = SYSTEM_PROMPT,
-                 sleep: Callable[[float], None] = time.sleep, http_client: Any = None):
-        super().__init__(config, sleep=sleep, http_client=http_client)
+                 sleep: Callable[[float], None] = time.sleep, http_client: Any = None,
+                 clock: Callable[[], float] = time.monotonic):
+        super().__init__(config, sleep=sleep, http_client=http_client, clock=clock)
         self.fallback = fallback
         self.masker = masker
         self.entity_types = tuple(config.entity_types)
@@ -360,7 +508,11 @@ class OpenAIExtractor(StructuredLLM):
 
     def _failed(self, chunk: ChunkInput, failure: LLMFailure, started: float) -> ExtractionOutcome:
         stats = self._stats
-        log.warning("LLM extraction of chunk %s failed: %s (%s)", chunk.chunk_id, failure.reason, failure.detail[:300])
+        if failure.reason == CIRCUIT_OPEN:  # the breaker warned once when it opened; nothing was sent
+            log.debug("chunk %s not sent to the LLM: %s", chunk.chunk_id, failure.detail)
+        else:
+            log.warning("LLM extraction of chunk %s failed: %s (%s)", chunk.chunk_id, failure.reason,
+                        failure.detail[:300])
         error = f"{self.model}: {failure.reason}: {failure.detail}"
         spent = dict(prompt_tokens=stats.prompt_tokens, completion_tokens=stats.completion_tokens,
                      attempts=stats.requests)
