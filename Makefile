@@ -30,8 +30,10 @@ demo: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/lexgraph status
 	$(BIN)/lexgraph search "Who is the CEO of the engine supplier Kestrel?" -k 3
 
+# two workers (pytest-xdist), one test file per worker at a time: most tests wait on Dagster runs and
+# subprocesses, so two at once cut the wall time on 2 cores by a third (984 s → 666 s, measured 2026-11-30)
 test: $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadfile
 
 dev: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 	LEXGRAPH_INBOX=$${LEXGRAPH_INBOX:-sample/corpus} $(BIN)/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
