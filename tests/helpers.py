@@ -1,4 +1,5 @@
 """Shared test helpers: read the real stores and the Dagster event log."""
+import logging
 from pathlib import Path
 
 import dagster as dg
@@ -47,3 +48,14 @@ def write(path, data: bytes | str):
         data = data.encode("utf-8")
     path.write_bytes(data)
     return path
+
+
+class LogLines(logging.Handler):
+    """Keeps every message logged to it (attach to a logger to read what a sensor said)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())

@@ -1,6 +1,5 @@
 """The inbox and corpus sensors and the nightly schedules against a real instance and real stores."""
 import hashlib
-import logging
 
 import dagster as dg
 import polars as pl
@@ -12,16 +11,7 @@ from orchestration.definitions import build_definitions
 from orchestration.reconcile import contiguous_batches
 from orchestration.runner import ingest_folder
 from orchestration.sensors import corpus_index_sensor, inbox_sensor, nightly_ingest, nightly_purge
-from tests.helpers import graph_counts, stores
-
-
-class _Lines(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record):
-        self.lines.append(record.getMessage())
+from tests.helpers import LogLines, graph_counts, stores
 
 
 def _evaluate(defs, instance, cursor=None, sensor=inbox_sensor, lines=None):
@@ -117,7 +107,7 @@ def test_contiguous_batches_split_around_untargeted_keys():
 
 def test_inbox_sensor_logs_only_work_no_earlier_tick_requested(tiny_corpus, home, instance):
     defs = build_definitions(Settings.from_env(home=home, inbox=tiny_corpus))
-    lines = _Lines()
+    lines = LogLines()
     first = _evaluate(defs, instance, lines=lines)
     assert lines.lines[-1].startswith("inbox: requesting 4 new (") and "alpha.md" in lines.lines[-1]
     pending = _evaluate(defs, instance, first.cursor, lines=lines)  # requested, not run yet

@@ -1,7 +1,6 @@
 """The inbox sensor at scale (2,000 files): one bulk partition insert, reading only changed files, a
 time-boxed tick resumed by the next one, and odd files that never stop a tick."""
 import itertools
-import logging
 import os
 import time
 from pathlib import Path
@@ -14,17 +13,9 @@ from benchmarks.bench_sensor import Bench, build_inbox, edit
 from lexgraph.ids import document_id
 from lexgraph.inbox import SCAN_CACHE_FILE, scan_inbox
 from orchestration import sensors
+from tests.helpers import LogLines
 
 FILES = 2000
-
-
-class _Lines(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record):
-        self.lines.append(record.getMessage())
 
 
 class _Spy:
@@ -38,7 +29,7 @@ class _Spy:
         return self.function(*args, **kwargs)
 
 
-def _tick(bench: Bench, lines: _Lines | None = None) -> dg.SensorResult:
+def _tick(bench: Bench, lines: LogLines | None = None) -> dg.SensorResult:
     with dg.build_sensor_context(instance=bench.instance, cursor=bench.cursor, resources=bench.defs.resources,
                                  repository_def=bench.defs.get_repository_def()) as context:
         if lines is not None:
@@ -118,7 +109,7 @@ def test_a_time_boxed_tick_is_resumed_by_the_next_without_losing_or_repeating_a_
     bench = Bench(folder, tmp_path / "index", instance)
     reads = _Spy(inbox_module._read_state)
     monkeypatch.setattr(inbox_module, "_read_state", reads)
-    lines = _Lines()
+    lines = LogLines()
     added, ticks = [], 0
     while True:
         ticks += 1
@@ -192,7 +183,7 @@ def test_bad_names_and_unreadable_files_are_reported_and_do_not_stop_the_tick(tm
     os.symlink(odd / "nowhere.md", odd / "dangling.md")
     monkeypatch.setattr(inbox_module, "os", _OsWithALockedFile())
     bench = Bench(folder, tmp_path / "index", instance)
-    lines = _Lines()
+    lines = LogLines()
     result = _tick(bench, lines)
 
     warnings = "\n".join(line for line in lines.lines if line.startswith("not indexed: "))
