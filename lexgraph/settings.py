@@ -21,6 +21,12 @@ MIN_CHUNK_TOKENS = 16
 KNN_MODES = ("auto", "exact", "approx")
 MIN_KNN_K, MAX_KNN_K = 1, 200
 PII_MASKING = ("off", "on")
+# The query side: `memory` loads every chunk vector, BM25 and keyword link into the process (fastest on
+# small corpora), `lance` queries LanceDB's ANN and full-text indexes, `auto` picks lance from
+# LEXGRAPH_LANCE_THRESHOLD chunks on (the ingestion's search_indexes asset builds those indexes from there).
+QUERY_BACKENDS = ("auto", "memory", "lance")
+DEFAULT_LANCE_THRESHOLD = 20_000
+MIN_LANCE_THRESHOLD = 1
 # The chat model asked when an endpoint is configured without LEXGRAPH_LLM_MODEL.
 DEFAULT_LLM_MODEL = "gpt-4o-mini"
 
@@ -50,6 +56,8 @@ class Settings:
     entity_types: tuple[str, ...] = tuple(DEFAULT_ENTITY_TYPES)
     # The query router's own labelled questions (JSON lists of {question, route}), beside the shipped ones.
     router_exemplars: tuple[Path, ...] = ()
+    query_backend: str = "auto"
+    lance_threshold: int = DEFAULT_LANCE_THRESHOLD
 
     # environment variable of each field, as documented in the README
     ENV = {"home": "LEXGRAPH_HOME", "collection": "LEXGRAPH_COLLECTION", "embed_model": "LEXGRAPH_EMBED_MODEL",
@@ -57,7 +65,8 @@ class Settings:
            "knn_mode": "LEXGRAPH_KNN_MODE", "beta": "LEXGRAPH_BETA", "llm_base_url": "LEXGRAPH_LLM_BASE_URL",
            "llm_model": "LEXGRAPH_LLM_MODEL", "llm_api_key": "LEXGRAPH_LLM_API_KEY",
            "pii_masking": "LEXGRAPH_PII_MASKING", "entity_types": "LEXGRAPH_ENTITY_TYPES",
-           "router_exemplars": "LEXGRAPH_ROUTER_EXEMPLARS"}
+           "router_exemplars": "LEXGRAPH_ROUTER_EXEMPLARS", "query_backend": "LEXGRAPH_QUERY_BACKEND",
+           "lance_threshold": "LEXGRAPH_LANCE_THRESHOLD"}
     # read when the LEXGRAPH_ variable is unset or empty
     FALLBACK_ENV = {"llm_base_url": "OPENAI_BASE_URL", "llm_api_key": "OPENAI_API_KEY"}
 
@@ -118,6 +127,12 @@ class Settings:
         if self.pii_masking not in PII_MASKING:
             raise SettingsError(f"LEXGRAPH_PII_MASKING must be one of {', '.join(PII_MASKING)}, "
                                 f"got {self.pii_masking!r}")
+        if self.query_backend not in QUERY_BACKENDS:
+            raise SettingsError(f"LEXGRAPH_QUERY_BACKEND must be one of {', '.join(QUERY_BACKENDS)}, "
+                                f"got {self.query_backend!r}")
+        if self.lance_threshold < MIN_LANCE_THRESHOLD:
+            raise SettingsError(f"LEXGRAPH_LANCE_THRESHOLD must be a whole number of chunks from "
+                                f"{MIN_LANCE_THRESHOLD} on, got {self.lance_threshold}")
         for path in self.router_exemplars:
             if not Path(path).is_file():
                 raise SettingsError(f"LEXGRAPH_ROUTER_EXEMPLARS names {str(path)!r}, which is not a file (a "
@@ -167,11 +182,18 @@ class Settings:
     def pii_masking_enabled(self) -> bool:
         return self.pii_masking == "on"
 
+    def uses_lance(self, chunk_count: int) -> bool:
+        """Whether queries go through LanceDB's ANN and full-text indexes for an index of this many chunks."""
+        if self.query_backend == "auto":
+            return chunk_count >= self.lance_threshold
+        return self.query_backend == "lance"
+
 
 # What each numeric variable accepts, for messages about values that are not numbers at all.
 _ALLOWED = {"LEXGRAPH_CHUNK_TOKENS": lambda env: f"from {MIN_CHUNK_TOKENS} to {_input_limit(_model(env), 254)}",
             "LEXGRAPH_KNN_K": lambda env: f"from {MIN_KNN_K} to {MAX_KNN_K}",
-            "LEXGRAPH_BETA": lambda env: "from 0 to 1"}
+            "LEXGRAPH_BETA": lambda env: "from 0 to 1",
+            "LEXGRAPH_LANCE_THRESHOLD": lambda env: f"from {MIN_LANCE_THRESHOLD} on (chunks)"}
 
 
 # What LEXGRAPH_PII_MASKING accepts besides on and off (as lexgraph.extract.pii reads it).
@@ -205,6 +227,8 @@ def _check_folder(variable: str, path: Path) -> None:
 def _parse(variable: str, raw: str, default, environ: Mapping[str, str]):
     """Parse a variable to its field's type; a bad value names the variable and what it accepts."""
     kind = type(default)
+    if variable == "LEXGRAPH_QUERY_BACKEND":
+        return raw.lower()
     if variable == "LEXGRAPH_PII_MASKING":
         word = raw.lower()
         return _SWITCH.get(word, word)
