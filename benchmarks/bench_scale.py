@@ -9,7 +9,12 @@ Each size runs in its own process, after a warm-up that loads faiss and BLAS. Me
 peak resident set size (RSS, read from /proc/self/statm every 5 ms by a sampling thread) above
 the RSS when the stage started, so it covers numpy, scipy, faiss and polars allocations alike.
 
+Then the add of one document in a fresh `lexgraph ingest` process, index load included, on a
+synthetic index of --fresh-chunks chunks built once through lexgraph's own ingestion and cached
+under .lexgraph/bench/ (benchmarks.fresh_add, benchmarks.synthetic_index say what is synthetic).
+
     python benchmarks/bench_scale.py --sizes 10000 50000 100000 --k 20 --mode approx
+    python -m benchmarks.bench_scale --fresh-only --fresh-chunks 100000 --fresh-repeats 3
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lexgraph.build.knn import DEFAULT_K, DEFAULT_MAX_DF, lexical_knn, semantic_knn  # noqa: E402
 from lexgraph.build.pagerank import pagerank  # noqa: E402
 from lexgraph.build.skeleton import DEFAULT_BETA, select_skeleton, selection_diff  # noqa: E402
+from lexgraph.cli import _positive_int  # noqa: E402  (the CLI's own check: at least 1, a clear message)
 
 DIM = 384
 WORDS_PER_CHUNK = 60
@@ -192,6 +198,16 @@ def print_report(rows: list[dict[str, object]]) -> None:
             print(f"k={k} {small['n']}->{large['n']}: " + "  ".join(parts))
 
 
+def fresh_process_add(args: argparse.Namespace) -> None:
+    from benchmarks import fresh_add
+    from benchmarks.synthetic_index import CorpusSpec
+
+    spec = CorpusSpec(args.fresh_chunks, args.fresh_doc_chunks)
+    result = fresh_add.measure(spec, args.fresh_repeats, args.fresh_new_chunks, args.fresh_cache,
+                               breakdown=not args.no_breakdown, log=lambda line: print(line, flush=True))
+    print("\n".join(fresh_add.report(result)), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 50_000, 100_000])
@@ -199,9 +215,23 @@ def main() -> None:
     parser.add_argument("--mode", choices=["exact", "approx"], default="approx")
     parser.add_argument("--max-df", type=int, default=DEFAULT_MAX_DF)
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # child process: one size, one k
+    fresh = parser.add_argument_group("fresh-process add (a synthetic index, one new document, `lexgraph ingest`)")
+    fresh.add_argument("--fresh-chunks", type=_positive_int, default=100_000, help="chunks in the synthetic index")
+    fresh.add_argument("--fresh-doc-chunks", type=_positive_int, default=50, help="chunks per synthetic document")
+    fresh.add_argument("--fresh-new-chunks", type=_positive_int, default=DOC_CHUNKS, help="chunks of the added document")
+    fresh.add_argument("--fresh-repeats", type=_positive_int, default=3, help="timed repeats (the median is reported)")
+    fresh.add_argument("--fresh-cache", type=Path, help="folder of cached synthetic indexes (default .lexgraph/bench)")
+    fresh.add_argument("--fresh-only", action="store_true", help="only the fresh-process add")
+    fresh.add_argument("--no-fresh", action="store_true", help="skip the fresh-process add")
+    fresh.add_argument("--no-breakdown", action="store_true", help="skip the untimed repeat that gives step timings")
     args = parser.parse_args()
+    if args.fresh_only and args.no_fresh:
+        parser.error("--fresh-only and --no-fresh exclude each other")
     if args.one is not None:
         print(json.dumps(run_one(args.one, args.k[0], args.mode, args.max_df)))
+        return
+    if args.fresh_only:
+        fresh_process_add(args)
         return
     rows = []
     for k in args.k:
@@ -212,6 +242,9 @@ def main() -> None:
             rows.append(json.loads(output.strip().splitlines()[-1]))
     print(f"mode={args.mode} max_df={args.max_df} beta={DEFAULT_BETA} dim={DIM} cores={os.cpu_count()}")
     print_report(rows)
+    if not args.no_fresh:
+        print()
+        fresh_process_add(args)
 
 
 if __name__ == "__main__":
