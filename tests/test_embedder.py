@@ -26,6 +26,14 @@ def first_pieces(embedder: Embedder, text: str, n: int) -> str:
     return prefix
 
 
+def agree(embedder: Embedder, a: np.ndarray, b: np.ndarray) -> bool:
+    """The same text's vectors from two model calls: equal under torch; under onnx-int8 the activations'
+    int8 scale is set per batch, so a text's vector moves a little with its batch-mates."""
+    if embedder.backend == "torch":
+        return bool(np.allclose(a, b, atol=1e-5))
+    return float(np.dot(a, b)) >= 0.98
+
+
 def test_limit_comes_from_the_model_configuration(embedder):
     assert model_input_limit("all-MiniLM-L6-v2") == 254
     assert Embedder.shared().max_tokens == 254
@@ -73,8 +81,8 @@ def test_pooled_query_uses_every_word_piece(embedder, corpus_text):
     assert not np.allclose(pooled, truncated, atol=1e-3)
     # the batch path used for a question and its clauses pools too, and agrees with the single path
     batch = embedder.embed_queries([query, "short clause"])
-    assert np.allclose(batch[0], pooled, atol=1e-5)
-    assert np.allclose(batch[1], embedder.embed(["short clause"])[0], atol=1e-5)
+    assert agree(embedder, batch[0], pooled)
+    assert agree(embedder, batch[1], embedder.embed(["short clause"])[0])
 
 
 def test_short_query_is_one_plain_embedding(embedder):

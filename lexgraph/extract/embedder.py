@@ -1,4 +1,10 @@
-"""Sentence-transformers embedder, loaded offline, that refuses to truncate silently."""
+"""Sentence-transformers embedder, loaded offline, that refuses to truncate silently.
+
+Two backends give the same model's vectors: "torch" (sentence-transformers as shipped) and
+"onnx-int8" (the same weights exported to ONNX once, int8 dynamically quantised, run by onnxruntime;
+see lexgraph.extract.onnx_export). Their vectors differ slightly, so the backend is part of the
+index version (Settings.index_version) and an index is always queried with the backend that built it.
+"""
 from __future__ import annotations
 
 import copy
@@ -13,7 +19,11 @@ import numpy as np
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 # Word pieces shared by neighbouring windows when a long query is embedded in windows and pooled.
 QUERY_WINDOW_OVERLAP = 32
-_CACHE: dict[tuple[str, str], "Embedder"] = {}
+TORCH, ONNX_INT8 = "torch", "onnx-int8"
+EMBED_BACKENDS = (TORCH, ONNX_INT8)
+# Adopted after docs/bench-sections/embedder.md: same recall on both dev sets, a fraction of the time.
+DEFAULT_BACKEND = ONNX_INT8
+_CACHE: dict[tuple[str, str, str], "Embedder"] = {}
 _CACHE_LOCK = threading.Lock()
 
 
@@ -33,6 +43,12 @@ def resolve_model_path(model_name: str) -> str:
         f"embedding model {model_name!r} is neither the bundled {DEFAULT_MODEL} nor a local folder; "
         "models are not downloaded at run time"
     )
+
+
+def configured_backend(environ=None) -> str:
+    """LEXGRAPH_EMBED_BACKEND as Settings reads it (unset or empty: the default); checked by Settings."""
+    environ = os.environ if environ is None else environ
+    return environ.get("LEXGRAPH_EMBED_BACKEND", "").strip().lower() or DEFAULT_BACKEND
 
 
 def model_input_limit(model_name: str) -> int:
@@ -64,7 +80,11 @@ class EmbeddingStats:
 class Embedder:
     """One loaded model: token counting for the chunker, batched normalised embeddings."""
 
-    def __init__(self, model_name: str = DEFAULT_MODEL, device: str = "cpu", batch_size: int = 64):
+    def __init__(self, model_name: str = DEFAULT_MODEL, device: str = "cpu", batch_size: int = 64,
+                 backend: str | None = None, onnx_cache: str | Path | None = None):
+        backend = backend or configured_backend()
+        if backend not in EMBED_BACKENDS:
+            raise ValueError(f"embedding backend must be one of {', '.join(EMBED_BACKENDS)}, got {backend!r}")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         from sentence_transformers import SentenceTransformer
@@ -73,7 +93,9 @@ class Embedder:
         transformers_logging.disable_progress_bar()
 
         self.model_name = model_name
+        self.backend = backend
         self.batch_size = batch_size
+        # The torch model is loaded for either backend: it owns the tokenizer and is what gets exported.
         self.model = SentenceTransformer(resolve_model_path(model_name), device=device)
         # The real limit comes from the model's own configuration, never from the tokenizer (whose
         # model_max_length sentence-transformers also uses as max_seq_length, i.e. as the truncation point).
@@ -88,14 +110,22 @@ class Embedder:
         dimension = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
         self.dimension = int(dimension())
         self.stats = EmbeddingStats()
+        self.session = None
+        if backend == ONNX_INT8:
+            from lexgraph.extract.onnx_export import load_int8_session
+
+            self.session = load_int8_session(self.model, resolve_model_path(model_name), onnx_cache)
 
     @classmethod
-    def shared(cls, model_name: str = DEFAULT_MODEL, device: str = "cpu", batch_size: int = 64) -> "Embedder":
-        """One model per process and settings: runs in the same process never load it twice."""
+    def shared(cls, model_name: str = DEFAULT_MODEL, device: str = "cpu", batch_size: int = 64,
+               backend: str | None = None) -> "Embedder":
+        """One model per process and settings: runs in the same process never load it twice. Without a
+        backend, the one LEXGRAPH_EMBED_BACKEND configures (as Settings.from_env reads it)."""
+        backend = backend or configured_backend()
         with _CACHE_LOCK:
-            key = (model_name, device)
+            key = (model_name, device, backend)
             if key not in _CACHE:
-                _CACHE[key] = cls(model_name, device, batch_size)
+                _CACHE[key] = cls(model_name, device, batch_size, backend)
             embedder = _CACHE[key]
             embedder.batch_size = batch_size
             return embedder
@@ -132,14 +162,15 @@ class Embedder:
             )
         # Each unique text becomes one or more pieces within the limit; a text's vector pools its pieces.
         pieces: list[str] = []
+        piece_lengths: list[int] = []
         owners: list[int] = []
-        tokens = 0
         for i, (text, length) in enumerate(zip(unique, lengths)):
             windows = self._windows(text) if length > self.max_tokens else [(text, length)]
             pieces.extend(window for window, _ in windows)
+            piece_lengths.extend(n for _, n in windows)
             owners.extend([i] * len(windows))
-            tokens += sum(n for _, n in windows)
-        encoded = self._encode(pieces, progress if len(pieces) == len(unique) else None)
+        tokens = sum(piece_lengths)
+        encoded = self._encode_by_length(pieces, piece_lengths, progress if len(pieces) == len(unique) else None)
         if len(pieces) == len(unique):
             vectors = encoded
         else:
@@ -162,17 +193,28 @@ class Embedder:
         """Queries (a question and its clauses) in one model call, long ones windowed and pooled."""
         return self.embed(texts, long="pool")
 
-    def _encode(self, texts: list[str], progress: Callable[[int], None] | None) -> np.ndarray:
+    def _encode_by_length(self, texts: list[str], lengths: list[int],
+                          progress: Callable[[int], None] | None) -> np.ndarray:
+        """Batches of texts of similar length (little padding), longest first so that a batch too big
+        for memory fails at once; vectors come back in the order of texts."""
+        order = np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable")
         vectors = np.zeros((len(texts), self.dimension), dtype=np.float32)
         for start in range(0, len(texts), self.batch_size):
-            batch = texts[start : start + self.batch_size]
-            vectors[start : start + len(batch)] = self.model.encode(
-                batch, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True,
-                show_progress_bar=False,
-            )
+            rows = order[start : start + self.batch_size]
+            vectors[rows] = self._encode_batch([texts[i] for i in rows])
             if progress:
-                progress(len(batch))
+                progress(len(rows))
         return vectors
+
+    def _encode_batch(self, batch: list[str]) -> np.ndarray:
+        if self.session is None:
+            return self.model.encode(batch, batch_size=len(batch), normalize_embeddings=True,
+                                     convert_to_numpy=True, show_progress_bar=False)
+        from lexgraph.extract.onnx_export import run_session
+
+        features = self.model.tokenizer(batch, padding=True, truncation=True, max_length=self.max_seq_length,
+                                        return_tensors="np")
+        return run_session(self.session, features)
 
     def _windows(self, text: str) -> list[tuple[str, int]]:
         """Overlapping slices of text, each at most max_tokens word pieces (re-counted, since a slice

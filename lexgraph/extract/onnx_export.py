@@ -1,0 +1,182 @@
+"""The embedder's onnx-int8 backend: the bundled model exported to ONNX once, offline, with its mean
+pooling and normalisation inside the graph, int8 dynamically quantised (onnxruntime), cached on disk.
+
+An export is written to a temporary folder beside the cache entry and renamed into place, so a
+killed export never leaves a half-written model that looks finished. Each entry has a manifest with
+the model file's sha256; a damaged or unreadable entry is reported on stderr and exported again.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from importlib.metadata import version
+from pathlib import Path
+
+import numpy as np
+
+# Bump when the exported graph or the quantisation changes, so old cache entries are not reused.
+EXPORT_RECIPE = "1"
+MODEL_FILE, MANIFEST = "model_int8.onnx", "manifest.json"
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+# Agreement with the torch model that an export must reach on a probe sentence before it is kept.
+MIN_PROBE_COSINE = 0.98
+PROBE = "Li Hua met the Halvorsen Maritime Group's CEO in Oslo to discuss the autumn shipping contracts."
+
+
+class OnnxExportError(RuntimeError):
+    """The model cannot be exported to ONNX, or its export does not agree with the torch model."""
+
+
+def default_cache_dir() -> Path:
+    """Outside any index, so every index and test run of the machine shares one export."""
+    base = os.environ.get("XDG_CACHE_HOME", "").strip() or str(Path.home() / ".cache")
+    return Path(base) / "lexgraph" / "onnx"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def cache_key(model_path: str | Path) -> str:
+    """The model's files, the recipe and the versions that shape the exported graph."""
+    digest = hashlib.sha256(f"{EXPORT_RECIPE}|{version('torch')}|{version('onnxruntime')}".encode())
+    folder = Path(model_path)
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in (".json", ".txt", ".safetensors", ".bin")):
+        digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + _sha256(path).encode())
+    return digest.hexdigest()[:16]
+
+
+def load_int8_session(model, model_path: str | Path, cache_dir: str | Path | None = None):
+    """An onnxruntime session of the model's int8 export, exported first when the cache has none."""
+    entry = Path(cache_dir or default_cache_dir()) / f"{Path(model_path).name}-{cache_key(model_path)}"
+    problem = check_entry(entry)
+    if problem == "missing":
+        export_entry(model, entry)
+    elif problem:
+        print(f"lexgraph: the cached ONNX export {entry} is damaged ({problem}); exporting it again",
+              file=sys.stderr)
+        _discard(entry)
+        export_entry(model, entry)
+    return _session(entry / MODEL_FILE)
+
+
+def check_entry(entry: Path) -> str:
+    """'' when the entry is complete and intact, else what is wrong ('missing' when there is none)."""
+    if not entry.exists():
+        return "missing"
+    try:
+        manifest = json.loads((entry / MANIFEST).read_text())
+        model = entry / MODEL_FILE
+        if not model.is_file():
+            return f"{MODEL_FILE} is missing"
+        if _sha256(model) != manifest["sha256"]:
+            return f"{MODEL_FILE} does not match the sha256 in {MANIFEST}"
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        return f"{MANIFEST} unreadable: {error}"
+    return ""
+
+
+def export_entry(model, entry: Path) -> None:
+    """Export, quantise, check against torch and rename into place; a concurrent exporter's entry wins."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
+    try:
+        fp32 = work / "model.onnx"
+        _export_fp32(model, fp32)
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantize_dynamic(str(fp32), str(work / MODEL_FILE), weight_type=QuantType.QInt8, per_channel=True)
+        fp32.unlink()
+        cosine = _probe_cosine(model, _session(work / MODEL_FILE))
+        if cosine < MIN_PROBE_COSINE:
+            raise OnnxExportError(f"the int8 ONNX export agrees with the torch model only to cosine {cosine:.4f} "
+                                  f"(at least {MIN_PROBE_COSINE} required): is it a mean-pooled, normalised model?")
+        manifest = {"sha256": _sha256(work / MODEL_FILE), "recipe": EXPORT_RECIPE, "probe_cosine": round(cosine, 6),
+                    "torch": version("torch"), "onnxruntime": version("onnxruntime")}
+        (work / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        try:
+            os.rename(work, entry)
+        except OSError:
+            if check_entry(entry):  # not a finished entry from another process: a real failure
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _discard(entry: Path) -> None:
+    """Move a damaged entry aside before deleting it, so no reader sees it half deleted."""
+    aside = Path(tempfile.mkdtemp(prefix=f".{entry.name}.damaged.", dir=entry.parent))
+    try:
+        os.rename(entry, aside / "entry")
+    except OSError:
+        pass
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _export_fp32(model, path: Path) -> None:
+    import torch
+
+    modules = list(model)
+    pooling = getattr(modules[1], "pooling_mode", None) if len(modules) > 1 else None
+    if pooling not in (None, "mean"):
+        raise OnnxExportError(f"only mean-pooled models export to onnx-int8, this one pools by {pooling!r}")
+    wrapper = _mean_pooled_class()(modules[0].auto_model).eval()
+    sample = model.tokenizer(["an example sentence", "a second, longer example sentence"], padding=True,
+                             return_tensors="pt")
+    axes = {name: {0: "batch", 1: "tokens"} for name in INPUTS}
+    with torch.no_grad():
+        torch.onnx.export(wrapper, tuple(sample[name] for name in INPUTS), str(path), input_names=list(INPUTS),
+                          output_names=["embedding"], dynamic_axes=axes | {"embedding": {0: "batch"}},
+                          opset_version=17, dynamo=False)
+
+
+def _mean_pooled_class():
+    import torch
+
+    class MeanPooled(torch.nn.Module):
+        """The transformer, then the mean of its token vectors over the attention mask, normalised."""
+
+        def __init__(self, transformer):
+            super().__init__()
+            self.transformer = transformer
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            tokens = self.transformer(input_ids=input_ids, attention_mask=attention_mask,
+                                      token_type_ids=token_type_ids).last_hidden_state
+            mask = attention_mask.unsqueeze(-1).to(tokens.dtype)
+            mean = (tokens * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            return torch.nn.functional.normalize(mean, dim=1)
+
+    return MeanPooled
+
+
+def _session(path: Path):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def run_session(session, features) -> np.ndarray:
+    """Normalised vectors of one tokenised batch (numpy arrays as the tokenizer returns them)."""
+    names = {i.name for i in session.get_inputs()}
+    feeds = {name: np.asarray(features[name], dtype=np.int64) for name in INPUTS if name in names}
+    if "token_type_ids" in names and "token_type_ids" not in features:
+        feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
+    return session.run(None, feeds)[0].astype(np.float32, copy=False)
+
+
+def _probe_cosine(model, session) -> float:
+    reference = model.encode([PROBE], normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)[0]
+    features = model.tokenizer([PROBE], return_tensors="np")
+    return float(np.dot(reference, run_session(session, features)[0]))
