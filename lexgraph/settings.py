@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 
 from lexgraph.build.knn import DEFAULT_K as DEFAULT_KNN_K
 from lexgraph.build.skeleton import DEFAULT_BETA
-from lexgraph.extract.embedder import DEFAULT_MODEL, model_input_limit
+from lexgraph.extract.embedder import DEFAULT_BACKEND, DEFAULT_MODEL, EMBED_BACKENDS, TORCH, model_input_limit
 from lexgraph.extract.schemas import DEFAULT_ENTITY_TYPES
 from lexgraph.ids import short_hash
 
@@ -42,6 +42,8 @@ class Settings:
     home: Path = Path(".lexgraph")
     collection: str = "default"
     embed_model: str = DEFAULT_MODEL
+    # torch or onnx-int8: their vectors differ slightly, so the backend is part of the index version
+    embed_backend: str = DEFAULT_BACKEND
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS
     inbox: Path = Path("sample/corpus")
     knn_k: int = DEFAULT_KNN_K
@@ -61,6 +63,7 @@ class Settings:
 
     # environment variable of each field, as documented in the README
     ENV = {"home": "LEXGRAPH_HOME", "collection": "LEXGRAPH_COLLECTION", "embed_model": "LEXGRAPH_EMBED_MODEL",
+           "embed_backend": "LEXGRAPH_EMBED_BACKEND",
            "chunk_tokens": "LEXGRAPH_CHUNK_TOKENS", "inbox": "LEXGRAPH_INBOX", "knn_k": "LEXGRAPH_KNN_K",
            "knn_mode": "LEXGRAPH_KNN_MODE", "beta": "LEXGRAPH_BETA", "llm_base_url": "LEXGRAPH_LLM_BASE_URL",
            "llm_model": "LEXGRAPH_LLM_MODEL", "llm_api_key": "LEXGRAPH_LLM_API_KEY",
@@ -104,6 +107,9 @@ class Settings:
             raise SettingsError(f"LEXGRAPH_COLLECTION must be a plain folder name (no '/' or '\\', not '.' or "
                                 f"'..'), got {self.collection!r}")
         _check_folder("LEXGRAPH_HOME", Path(self.home))
+        if self.embed_backend not in EMBED_BACKENDS:
+            raise SettingsError(f"LEXGRAPH_EMBED_BACKEND must be one of {', '.join(EMBED_BACKENDS)}, "
+                                f"got {self.embed_backend!r}")
         limit = _input_limit(self.embed_model)
         if not MIN_CHUNK_TOKENS <= self.chunk_tokens <= limit:
             raise SettingsError(f"LEXGRAPH_CHUNK_TOKENS must be a whole number from {MIN_CHUNK_TOKENS} to {limit} "
@@ -145,7 +151,9 @@ class Settings:
 
     @property
     def index_version(self) -> str:
-        return "v" + short_hash(f"{CHUNKER_VERSION}|{self.embed_model}|{self.chunk_tokens}", 8)
+        # torch adds nothing, so indexes built before the backend was a setting keep their version
+        backend = "" if self.embed_backend == TORCH else f"|{self.embed_backend}"
+        return "v" + short_hash(f"{CHUNKER_VERSION}|{self.embed_model}|{self.chunk_tokens}{backend}", 8)
 
     @property
     def index_dir(self) -> Path:
@@ -232,6 +240,8 @@ def _parse(variable: str, raw: str, default, environ: Mapping[str, str]):
     if variable == "LEXGRAPH_PII_MASKING":
         word = raw.lower()
         return _SWITCH.get(word, word)
+    if variable == "LEXGRAPH_EMBED_BACKEND":
+        return raw.lower()
     if variable == "LEXGRAPH_ENTITY_TYPES":
         return tuple(part.strip().casefold() for part in raw.split(","))
     if variable == "LEXGRAPH_ROUTER_EXEMPLARS":
