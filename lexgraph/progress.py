@@ -27,15 +27,38 @@ class Silent:
 
 
 _reporter: Reporter = Silent()
+# The stage at hand, [name, total, unit, done], so that a nested step can show itself and hand back.
+_current: list = ["", 0, "", 0]
 
 
 def start(stage: str, total: int, unit: str = "documents") -> None:
+    _current[:] = [stage, total, unit, 0]
     _reporter.start(stage, total, unit)
 
 
 def advance(stage: str, n: int = 1) -> None:
     if n:
+        if stage == _current[0]:
+            _current[3] += n
         _reporter.advance(stage, n)
+
+
+@contextmanager
+def nested(label: str, total: int, unit: str) -> Iterator["Counter"]:
+    """A long step inside the stage at hand (e.g. the statements embedded inside "lexical graph"),
+    shown as "<stage>: <label>" per batch; the enclosing stage is shown again, as far as it was, after."""
+    outer = list(_current)
+    stage = f"{outer[0]}: {label}" if outer[0] else label
+    start(stage, total, unit)
+    counter = Counter(stage)
+    try:
+        yield counter
+    finally:
+        if outer[0]:
+            start(*outer[:3])
+            advance(outer[0], outer[3])
+        else:
+            _current[:] = outer
 
 
 class Counter:

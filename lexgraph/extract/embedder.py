@@ -16,6 +16,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from lexgraph import progress as report
+
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 # Word pieces shared by neighbouring windows when a long query is embedded in windows and pooled.
 QUERY_WINDOW_OVERLAP = 32
@@ -170,7 +172,7 @@ class Embedder:
             piece_lengths.extend(n for _, n in windows)
             owners.extend([i] * len(windows))
         tokens = sum(piece_lengths)
-        encoded = self._encode_by_length(pieces, piece_lengths, progress if len(pieces) == len(unique) else None)
+        encoded = self._encode_with_progress(pieces, piece_lengths, progress if len(pieces) == len(unique) else None)
         if len(pieces) == len(unique):
             vectors = encoded
         else:
@@ -192,6 +194,15 @@ class Embedder:
     def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
         """Queries (a question and its clauses) in one model call, long ones windowed and pooled."""
         return self.embed(texts, long="pool")
+
+    def _encode_with_progress(self, texts: list[str], lengths: list[int],
+                              progress: Callable[[int], None] | None) -> np.ndarray:
+        """Without a caller's callback, more than one batch is shown as a nested step of the stage at hand,
+        so a big document never sits on one unmoving bar (e.g. its statements in "lexical graph")."""
+        if progress is not None or len(texts) <= self.batch_size:
+            return self._encode_by_length(texts, lengths, progress)
+        with report.nested("embedding", len(texts), "texts") as counter:
+            return self._encode_by_length(texts, lengths, counter)
 
     def _encode_by_length(self, texts: list[str], lengths: list[int],
                           progress: Callable[[int], None] | None) -> np.ndarray:

@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 import tempfile
+import warnings
 from importlib.metadata import version
 from pathlib import Path
 
@@ -129,10 +130,13 @@ def _export_fp32(model, path: Path) -> None:
     if pooling not in (None, "mean"):
         raise OnnxExportError(f"only mean-pooled models export to onnx-int8, this one pools by {pooling!r}")
     wrapper = _mean_pooled_class()(modules[0].auto_model).eval()
+    # Texts of two lengths, so the traced graph applies the attention mask to padding (a sample without
+    # padding lets transformers skip the mask, and the trace would keep that shortcut).
     sample = model.tokenizer(["an example sentence", "a second, longer example sentence"], padding=True,
                              return_tensors="pt")
     axes = {name: {0: "batch", 1: "tokens"} for name in INPUTS}
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer notes about constants that are constant for this model
         torch.onnx.export(wrapper, tuple(sample[name] for name in INPUTS), str(path), input_names=list(INPUTS),
                           output_names=["embedding"], dynamic_axes=axes | {"embedding": {0: "batch"}},
                           opset_version=17, dynamo=False)

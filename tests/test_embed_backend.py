@@ -1,0 +1,137 @@
+"""LEXGRAPH_EMBED_BACKEND: torch and onnx-int8 give agreeing vectors, never mix in one index, both refuse
+over-long chunks; the onnx export is cached on disk and re-exported when damaged; a big embedding call
+inside a stage shows its batches."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from lexgraph import progress
+from lexgraph.extract import onnx_export
+from lexgraph.extract.embedder import Embedder, InputTooLongError, resolve_model_path
+from lexgraph.settings import Settings, SettingsError
+
+SENTENCES = ["Li Hua bought flowers for Wolfgang's birthday.", "The bakery delivers bread every morning at seven.",
+             "Quarterly revenue of the shipping group fell by four percent.", "Who runs Kestrel?"]
+
+
+@pytest.fixture(scope="module")
+def torch_embedder():
+    return Embedder.shared(backend="torch")
+
+
+@pytest.fixture(scope="module")
+def int8_embedder():
+    return Embedder.shared(backend="onnx-int8")
+
+
+def test_backend_setting_values_and_index_version():
+    torch_settings = Settings.from_env({"LEXGRAPH_EMBED_BACKEND": "torch"})
+    int8_settings = Settings.from_env({"LEXGRAPH_EMBED_BACKEND": " ONNX-INT8 "})
+    assert (torch_settings.embed_backend, int8_settings.embed_backend) == ("torch", "onnx-int8")
+    assert torch_settings.index_version != int8_settings.index_version
+    assert torch_settings.index_dir != int8_settings.index_dir
+    # torch keeps the version indexes had before the backend was a setting
+    assert torch_settings.index_version == "v57e82462"
+    assert Settings.from_env({}).embed_backend == "onnx-int8"
+    with pytest.raises(SettingsError, match=r"^LEXGRAPH_EMBED_BACKEND must be one of torch, onnx-int8, got 'cuda'$"):
+        Settings.from_env({"LEXGRAPH_EMBED_BACKEND": "cuda"})
+
+
+def test_bad_backend_exits_2_with_one_line(tmp_path):
+    env = dict(os.environ, LEXGRAPH_EMBED_BACKEND="fp16", LEXGRAPH_HOME=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", "import sys; from orchestration.cli import main; sys.exit(main())",
+                           "status"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "LEXGRAPH_EMBED_BACKEND" in lines[0] and "'fp16'" in lines[0]
+
+
+def test_onnx_vectors_agree_with_torch(torch_embedder, int8_embedder):
+    a, b = torch_embedder.embed(SENTENCES), int8_embedder.embed(SENTENCES)
+    assert a.shape == b.shape == (len(SENTENCES), 384)
+    assert np.allclose(np.linalg.norm(b, axis=1), 1.0, atol=1e-4)
+    assert (a * b).sum(axis=1).min() >= 0.99
+    # agreement is no accident: different sentences stay far apart
+    assert float(a[0] @ b[1]) < 0.5
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx-int8"])
+def test_over_long_chunks_refused_by_either_backend(backend, torch_embedder, int8_embedder):
+    embedder = {"torch": torch_embedder, "onnx-int8": int8_embedder}[backend]
+    text = " ".join(["harbour"] * 300)
+    assert embedder.count_tokens([text])[0] > embedder.max_tokens
+    with pytest.raises(InputTooLongError, match="254-token input limit"):
+        embedder.embed(["short one", text])
+    assert embedder.embed_query(text).shape == (384,)  # queries are windowed, not refused
+
+
+def test_unknown_backend_refused_by_the_embedder():
+    with pytest.raises(ValueError, match="embedding backend must be one of torch, onnx-int8, got 'tpu'"):
+        Embedder(backend="tpu")
+
+
+def test_damaged_cached_export_is_detected_and_rebuilt(torch_embedder, tmp_path, capfd):
+    model_path = resolve_model_path(torch_embedder.model_name)
+    onnx_export.load_int8_session(torch_embedder.model, model_path, tmp_path)
+    (entry,) = [p for p in tmp_path.iterdir() if not p.name.startswith(".")]
+    assert onnx_export.check_entry(entry) == ""
+    assert json.loads((entry / "manifest.json").read_text())["probe_cosine"] >= 0.98
+
+    model_file = entry / onnx_export.MODEL_FILE
+    model_file.write_bytes(model_file.read_bytes()[:1000])  # a torn write
+    assert "does not match the sha256" in onnx_export.check_entry(entry)
+    session = onnx_export.load_int8_session(torch_embedder.model, model_path, tmp_path)
+    assert f"the cached ONNX export {entry} is damaged" in capfd.readouterr().err
+    assert onnx_export.check_entry(entry) == ""
+    features = torch_embedder.model.tokenizer(SENTENCES[:1], return_tensors="np")
+    reference = torch_embedder.embed(SENTENCES[:1])[0]
+    assert float(onnx_export.run_session(session, features)[0] @ reference) >= 0.99
+    # no temporary folder is left behind
+    assert [p.name for p in tmp_path.iterdir()] == [entry.name]
+
+    (entry / "manifest.json").write_text("{not json")
+    assert "manifest.json unreadable" in onnx_export.check_entry(entry)
+    assert onnx_export.check_entry(tmp_path / "absent") == "missing"
+
+
+class Recorder:
+    def __init__(self):
+        self.events = []
+
+    def start(self, stage, total, unit):
+        self.events.append(("start", stage, total, unit))
+
+    def advance(self, stage, n):
+        self.events.append(("advance", stage, n))
+
+
+def test_big_embedding_inside_a_stage_shows_each_batch(int8_embedder):
+    texts = [f"statement number {i} about the harbour" for i in range(10)]
+    previous = int8_embedder.batch_size
+    int8_embedder.batch_size = 4
+    try:
+        with progress.reporting(Recorder()) as recorder:
+            progress.start("lexical graph", 1, "build")
+            int8_embedder.embed(texts, long="pool")
+            progress.advance("lexical graph", 1)
+    finally:
+        int8_embedder.batch_size = previous
+    assert recorder.events == [
+        ("start", "lexical graph", 1, "build"),
+        ("start", "lexical graph: embedding", 10, "texts"),
+        ("advance", "lexical graph: embedding", 4), ("advance", "lexical graph: embedding", 4),
+        ("advance", "lexical graph: embedding", 2),
+        ("start", "lexical graph", 1, "build"),
+        ("advance", "lexical graph", 1),
+    ]
+
+
+def test_chunk_embedding_with_a_callback_reports_only_to_it(int8_embedder):
+    seen = []
+    with progress.reporting(Recorder()) as recorder:
+        int8_embedder.embed([f"chunk {i}" for i in range(70)], progress=seen.append)
+    assert sum(seen) == 70 and recorder.events == []
