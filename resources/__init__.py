@@ -79,7 +79,8 @@ class EmbedderResource(dg.ConfigurableResource):
     batch_size: int = 64
 
     def get(self) -> Embedder:
-        return Embedder.shared(self.index.settings().embed_model, self.device, self.batch_size)
+        settings = self.index.settings()  # the backend too: an index's vectors all come from one backend
+        return Embedder.shared(settings.embed_model, self.device, self.batch_size, settings.embed_backend)
 
 
 class LanceDBResource(dg.ConfigurableResource):
