@@ -7,6 +7,7 @@ from assets.bench import retrieval_benchmark
 from assets.documents import document_assets, inbox
 from assets.lexical import document_lexical_assets, lexical_assets
 from assets.queries import query_log
+from assets.search_indexes import search_indexes
 from assets.skeleton import corpus_assets, document_keywords
 from lexgraph.build.lexical import extractor_signature
 from lexgraph.ids import short_hash
@@ -21,7 +22,8 @@ from resources import (EmbedderResource, ExtractorResource, IndexResource, Inbox
 ASSET_REVISIONS = {
     "source_document": 1, "document_chunks": 1, "chunk_vectors": 1, "document_graph": 1, "document_keywords": 1,
     "chunk_knn_graph": 1, "chunk_pagerank": 1, "skeleton_selection": 1, "keyword_index": 1,
-    "retrieval_benchmark": 1, "chunk_extractions": 1, "document_statements": 1, "document_topics": 1,
+    "retrieval_benchmark": 1, "chunk_extractions": 1, "search_indexes": 1, "document_statements": 1,
+    "document_topics": 1,
     "document_facts": 1, "document_entities": 1, "lexical_graph": 1, "query_log": 1,
 }
 
@@ -41,6 +43,7 @@ def code_versions(settings: Settings) -> dict[str, str]:
         "keyword_index": document, "retrieval_benchmark": f"{knn}|beta={settings.beta}",
         "chunk_extractions": extraction, "document_statements": extraction, "document_topics": extraction,
         "document_facts": extraction, "document_entities": extraction, "lexical_graph": extraction,
+        "search_indexes": f"{document}|lance_threshold={settings.lance_threshold}|backend={settings.query_backend}",
         "query_log": document,  # answers cite chunks: a new chunker or model starts a new log's meaning
     }
     return {name: f"r{ASSET_REVISIONS[name]}-{short_hash(text, 10)}" for name, text in shaped_by.items()}
@@ -54,8 +57,8 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
     versions = code_versions(settings)
     assets = dg.map_asset_specs(
         lambda spec: spec.replace_attributes(code_version=versions.get(spec.key.to_user_string(), spec.code_version)),
-        [*document_assets, document_keywords, *document_lexical_assets, *corpus_assets, *lexical_assets,
-         retrieval_benchmark, query_log])
+        [*document_assets, document_keywords, *document_lexical_assets, *corpus_assets, search_indexes,
+         *lexical_assets, retrieval_benchmark, query_log])
     return dg.Definitions(
         assets=[inbox, *assets],
         jobs=[ingest_documents, purge_documents, build_corpus_index, extract_documents],

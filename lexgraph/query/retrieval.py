@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 import polars as pl
@@ -24,11 +24,15 @@ from lexgraph.evaluation.metrics import document_key
 from lexgraph.storage.extract_store import ExtractStore
 from lexgraph.extract.keywords import STOPWORDS, sentence_keywords
 from lexgraph.query import graph_channels, path_channel
+
+if TYPE_CHECKING:
+    from lexgraph.query import lance_backend
 from lexgraph.settings import Settings
 from lexgraph.storage.vector_store import KEYWORDS, VectorStore
 
 METHODS = ("dense", "bm25", "keyword", "hybrid", "statement", "entity", "path")
 DEFAULT_TOP_N = 50
+PREFETCH_ROWS = 40  # the lance backend's hybrid ranking: rows read ahead in one take for the context
 _TOKEN = re.compile(r"[^\W_]+")
 # "WolfgangSchulz" (a chat speaker) and "Wolfgang" (in the question) must meet: split camel case.
 _CAMEL = re.compile(r"(?<=[a-z])(?=[A-Z])")
@@ -200,6 +204,9 @@ class RetrievalIndex:
     settings: Settings | None = None
     position: dict[str, int] = field(default_factory=dict)
     graph: graph_channels.LexicalGraph | None = None  # statements and entities (None parts: no lexical graph)
+    # the lance backend (lexgraph.query.lance_backend): channels answered by LanceDB's indexes; then chunks
+    # is a ChunkRows (rows fetched by id), bm25 a sample's TermStats, and no vectors, keywords or graph are held
+    lance: "lance_backend.LanceSearch | None" = None
 
     @property
     def size(self) -> int:
@@ -224,6 +231,22 @@ def load_index(settings: Settings, params: RetrievalParams | None = None) -> Ret
         keywords=_load_keywords(store, extract, chunks, position),
         neighbours=_load_neighbours(files, position), pagerank=_load_pagerank(files, position),
         settings=settings, position=position, graph=graph_channels.load_lexical_graph(store, extract, position))
+
+
+def load_lance_index(settings: Settings, params: RetrievalParams | None = None,
+                     lance_params: "lance_backend.LanceParams | None" = None) -> RetrievalIndex:
+    """An index whose semantic channels query LanceDB's ANN and full-text indexes: only each chunk's row id
+    and token count are read up front. Raises ValueError when nothing is indexed."""
+    from lexgraph.query import lance_backend
+
+    params = params or RetrievalParams()
+    store = VectorStore(settings.lance_uri)
+    if store.count("chunks") == 0:
+        raise ValueError(f"{settings.index_dir}: no chunks are indexed; ingest the corpus first")
+    rows, search, terms = lance_backend.load(store, params.bm25_k1, params.bm25_b, params.split_camel_case,
+                                             lance_params)
+    return RetrievalIndex(chunks=rows, vectors=None, bm25=terms, keywords=None, neighbours=None, pagerank=None,
+                          settings=settings, position=lance_backend.FetchedPositions(rows), lance=search)
 
 
 def _load_keywords(store: VectorStore, extract: ExtractStore, chunks: pl.DataFrame,
@@ -283,14 +306,27 @@ Embed = Callable[[str], np.ndarray]
 
 
 def dense_scores(index: RetrievalIndex, query_vector: np.ndarray) -> np.ndarray:
-    """NaiveRAG: cosine of the query with every chunk (vectors are L2-normalised)."""
+    """NaiveRAG: cosine of the query with every chunk (vectors are L2-normalised); on the lance backend,
+    with the ANN index's top hits."""
+    if index.lance is not None:
+        return spread(index.size, *index.lance.dense(query_vector))
     return index.vectors @ query_vector
+
+
+def spread(size: int, rows: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """A channel's few hits as a score per chunk (-inf for the others)."""
+    scores = np.full(size, -np.inf)
+    scores[rows] = values
+    return scores
 
 
 def keyword_scores(index: RetrievalIndex, query: str, query_vector: np.ndarray, params: RetrievalParams) -> np.ndarray:
     """KET-RAG's keyword channel: the query's nearest keyword vectors and its own keywords found
     verbatim, then the chunks those keywords link to, ranked by query–chunk cosine plus the keyword
     evidence (Σ keyword weight × idf over the chunk's matched keywords, scaled to [0, 1])."""
+    if index.lance is not None:
+        return spread(index.size, *index.lance.keyword(query, query_vector, params.keyword_top,
+                                                       params.keyword_exact_weight, params.keyword_evidence_weight))
     graph = index.keywords
     scores = np.full(index.size, -np.inf)
     if graph is None:
@@ -393,6 +429,9 @@ class Retriever:
         return [self.embed(t) for t in texts]
 
     def _bm25(self, query: str) -> np.ndarray:
+        if self.index.lance is not None:
+            tokens = tokenize(query, self.params.split_camel_case)
+            return spread(self.index.size, *self.index.lance.fts(query, tokens))
         scores = self.index.bm25.scores(query)
         scores[scores <= 0] = -np.inf
         return scores
@@ -423,7 +462,10 @@ class Retriever:
             fused = score_fusion(rankings, self.index.size, p.fusion_depth)
         else:
             fused = reciprocal_rank_fusion(rankings, self.index.size, p.rrf_k, p.fusion_depth)
-        return self._expand(fused)
+        fused = self._expand(fused)
+        if self.index.lance is not None:  # the context reads the best of these: one LanceDB take, not one each
+            self.index.chunks.fetch(ranks_of(fused, PREFETCH_ROWS)[0])
+        return fused
 
     def _expand(self, fused: np.ndarray) -> np.ndarray:
         """Graph channel: pass a share of each hit's fused score to its KNN neighbours, and add a
@@ -448,6 +490,8 @@ class Retriever:
     def hits(self, scores: np.ndarray, top_n: int = DEFAULT_TOP_N) -> list[Hit]:
         rows, _ = ranks_of(scores, top_n)
         chunks = self.index.chunks
+        if self.index.lance is not None:
+            chunks.fetch(rows)
         out = []
         for rank, row in enumerate(rows.tolist(), 1):
             r = chunks.row(row, named=True)
@@ -461,7 +505,7 @@ def with_params(retriever: Retriever, **changes) -> Retriever:
     """The same index with other knobs (BM25 is rebuilt only when its own knobs change)."""
     params = replace(retriever.params, **changes)
     index = retriever.index
-    if (params.bm25_k1, params.bm25_b, params.split_camel_case) != (
+    if index.lance is None and (params.bm25_k1, params.bm25_b, params.split_camel_case) != (
             index.bm25.k1, index.bm25.b, index.bm25.split_camel_case):
         index = replace(index, bm25=BM25(index.chunks["text"].to_list(), params.bm25_k1, params.bm25_b,
                                          params.split_camel_case))

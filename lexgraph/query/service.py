@@ -21,8 +21,11 @@ from pathlib import Path
 from lexgraph.build.corpus_index import catalog_digest
 from lexgraph.query.answer import Answer, ExtractiveAnswerer, LLMAnswerer
 from lexgraph.query.engine import ROUTE_CHOICES, QueryEngine, QueryParams, Retrieval
+from lexgraph.query.lance_backend import index_health
 from lexgraph.query.provenance import citation_provenance, index_identity
+from lexgraph.query.scale_engine import ScaleQueryEngine
 from lexgraph.settings import Settings
+from lexgraph.storage import lance_indexes
 from lexgraph.storage.vector_store import VectorStore
 
 RELOAD_CHECK_SECONDS = 2.0
@@ -132,9 +135,11 @@ class QueryService:
         """(signature, catalog): the signature changes whenever ingestion or a corpus update changes what
         queries read; the catalog (doc_id -> content hash) is kept with the engine loaded from it."""
         catalog = VectorStore(self.settings.lance_uri).indexed_hashes()
-        built = Path(self.settings.index_dir) / "corpus" / "built_from.json"
-        stamp = built.stat().st_mtime_ns if built.exists() else 0
-        return f"{catalog_digest(catalog)}|{stamp}", catalog
+        corpus = Path(self.settings.index_dir) / "corpus"
+        # the search indexes' refresh may compact the chunk table (new row ids): the lance backend reloads then
+        stamps = [p.stat().st_mtime_ns if p.exists() else 0
+                  for p in (corpus / "built_from.json", lance_indexes.state_path(corpus))]
+        return f"{catalog_digest(catalog)}|{stamps[0]}|{stamps[1]}", catalog
 
     def engine(self) -> QueryEngine:
         """The loaded engine; a changed index is loaded beside it while questions go on being answered by
@@ -162,7 +167,12 @@ class QueryService:
         from lexgraph.query.router import Router, default_exemplars
 
         index = LexIndex(self.settings)
-        retriever = index.retriever()  # raises EmptyIndexError when nothing is indexed
+        chunks = index.vectors.count("chunks")
+        lance = self.settings.uses_lance(chunks)
+        if lance:
+            retriever = self._lance_retriever(index, chunks)
+        else:
+            retriever = index.retriever()  # raises EmptyIndexError when nothing is indexed
         embedder = index.embedder()
         router = self._router
         if router is None:
@@ -175,7 +185,19 @@ class QueryService:
             from lexgraph.query.decompose import llm_decomposer
 
             answerer, decompose = LLMAnswerer(llm, extractive), llm_decomposer(llm)
+        if lance:
+            return ScaleQueryEngine(retriever, router, answerer, self.params, decompose, chunks=chunks,
+                                    threshold=self.settings.lance_threshold)
         return QueryEngine(retriever, router, answerer, self.params, decompose)
+
+    def _lance_retriever(self, index, chunks: int):
+        from lexgraph.index import EmptyIndexError
+        from lexgraph.query.retrieval import Retriever, load_lance_index
+
+        if chunks == 0:
+            raise EmptyIndexError(f"the index {self.settings.index_dir} is empty")
+        embedder = index.embedder()
+        return Retriever(load_lance_index(self.settings), embedder.embed_query, None, embedder.embed_queries)
 
     def _llm_client(self):
         from lexgraph.build.lexical import llm_config
@@ -249,6 +271,20 @@ class QueryService:
         from lexgraph import __version__
 
         store = VectorStore(self.settings.lance_uri)
-        return {"status": "ok", "documents": len(store.indexed_hashes()), "chunks": store.count("chunks"),
+        chunks = store.count("chunks")
+        return {"status": "ok", "documents": len(store.indexed_hashes()), "chunks": chunks,
                 "index_version": self.settings.index_version, "lexgraph_version": __version__,
-                "llm": self._llm_client() is not None}
+                "llm": self._llm_client() is not None, "query_backend": self._backend_health(store, chunks)}
+
+    def _backend_health(self, store: VectorStore, chunks: int) -> dict:
+        """Which backend answers (and why), and on the lance one each search index's state."""
+        settings = self.settings
+        backend = "lance" if settings.uses_lance(chunks) else "memory"
+        why = (f"LEXGRAPH_QUERY_BACKEND={settings.query_backend}" if settings.query_backend != "auto" else
+               f"auto: {chunks} chunks {'≥' if backend == 'lance' else '<'} LEXGRAPH_LANCE_THRESHOLD="
+               f"{settings.lance_threshold}")
+        out = {"backend": backend, "reason": why}
+        if backend == "lance":
+            out.update(index_health(lance_indexes.chunk_index_states(store),
+                                    lance_indexes.KEYWORD_LINKS in store.table_names()))
+        return out

@@ -1,0 +1,359 @@
+"""The query side at scale: `lexgraph serve` on synthetic LanceDB indexes of 100,000 and 1,000,000 chunks.
+
+What is synthetic (nothing here is a real corpus):
+- texts: 80 words each, 70 % drawn from a Zipf(1.1) distribution over a 30,000-word made-up vocabulary and
+  30 % from the chunk's topic (one of √N/1 topics, Zipf-distributed sizes, 200 words each);
+- vectors: unit 384-d vectors clustered by topic (topic centroid + Gaussian noise, cosine ≈ 0.5 to the
+  centroid), not embeddings of the texts: dense hits are meaningful for the ANN's recall, not for answers;
+- keywords: 20 per topic, vectors near the topic centroid, linked to the chunks whose text holds them;
+- documents: 20 consecutive chunks each; spans are consecutive within a document (no source files).
+
+The index is cached under .lexgraph/bench/query-scale-<N>/ (built once; re-runs skip the build), then
+`lexgraph serve` starts on it as a subprocess with the real query embedder and the lance backend, and this
+prints one line per figure: time from process start to the first answer, the server's VmHWM and VmRSS after
+the load, the semantic route's p50/p95 over sequential questions, 8 concurrent clients for 30 s (errors,
+answers/s), and the ANN's dense recall@10 against exact search (synthetic query vectors drawn like chunks,
+and real embedded questions).
+
+    .venv/bin/python benchmarks/bench_query_scale.py --chunks 100000
+    .venv/bin/python benchmarks/bench_query_scale.py --chunks 1000000
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_serve import Client, free_port, percentile, rss_mb  # noqa: E402
+from lexgraph.ids import chunk_id  # noqa: E402
+from lexgraph.settings import Settings  # noqa: E402
+from lexgraph.storage import lance_indexes as li  # noqa: E402
+from lexgraph.storage.vector_store import CHUNKS, KEYWORDS, SOURCE_SCHEMA, VectorStore, chunk_schema  # noqa: E402
+
+DIM, WORDS, TOPIC_WORDS, CHUNK_WORDS, TOPIC_SHARE, DOC_CHUNKS, KEYWORDS_PER_TOPIC = 384, 30_000, 200, 80, 0.3, 20, 20
+BATCH = 50_000
+CACHE = ROOT / ".lexgraph" / "bench"
+QUESTIONS = ROOT.parent / "shared" / "datasets" / "lihua-world" / "questions.dev.json"
+
+
+def vocabulary(rng: np.random.Generator) -> np.ndarray:
+    """WORDS distinct made-up words of 2–4 syllables."""
+    syllables = [c + v for c in "bdfgklmnprstvz" for v in ("a", "e", "i", "o", "u", "ai", "ou")]
+    words: dict[str, None] = {}
+    while len(words) < WORDS:
+        parts = rng.integers(0, len(syllables), size=rng.integers(2, 5))
+        words["".join(syllables[p] for p in parts)] = None
+    return np.array(list(words))
+
+
+class Corpus:
+    """The synthetic corpus's generators, all from one seed."""
+
+    def __init__(self, n: int, seed: int = 7):
+        self.n, self.rng = n, np.random.default_rng(seed)
+        self.words = vocabulary(self.rng)
+        self.topics = max(10, int(np.sqrt(n)))
+        centroids = self.rng.normal(size=(self.topics, DIM)).astype(np.float32)
+        self.centroids = centroids / np.linalg.norm(centroids, axis=1, keepdims=True)
+        self.topic_words = self.rng.integers(0, WORDS, size=(self.topics, TOPIC_WORDS))
+        sizes = 1.0 / np.arange(1, self.topics + 1) ** 0.8
+        self.topic_p = self.rng.permutation(sizes / sizes.sum())
+        ranks = 1.0 / np.arange(1, WORDS + 1) ** 1.1
+        self.word_p = ranks / ranks.sum()
+
+    def vectors(self, topics: np.ndarray, noise: float = 1.0) -> np.ndarray:
+        v = self.centroids[topics] + self.rng.normal(scale=noise / np.sqrt(DIM), size=(len(topics), DIM)).astype(
+            np.float32)
+        return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+    def texts(self, topics: np.ndarray) -> list[str]:
+        general = self.rng.choice(WORDS, size=(len(topics), CHUNK_WORDS), p=self.word_p)
+        own = self.topic_words[topics[:, None], np.minimum(self.rng.zipf(1.3, size=(len(topics), CHUNK_WORDS)) - 1,
+                                                           TOPIC_WORDS - 1)]
+        mix = np.where(self.rng.random((len(topics), CHUNK_WORDS)) < TOPIC_SHARE, own, general)
+        return [" ".join(self.words[row]) for row in mix]
+
+    def batch(self, start: int, stop: int) -> tuple[pa.Table, pl.DataFrame]:
+        """Chunk rows start..stop as the chunk table's Arrow schema, and their keyword links."""
+        topics = self.rng.choice(self.topics, size=stop - start, p=self.topic_p)
+        texts, vectors = self.texts(topics), self.vectors(topics)
+        rows = np.arange(start, stop)
+        docs = [f"synthetic-{r // DOC_CHUNKS:07d}" for r in rows]
+        orders = rows % DOC_CHUNKS
+        lengths = np.array([len(t) + 1 for t in texts])
+        starts = np.zeros(len(rows), dtype=np.int64)
+        for i in range(1, len(rows)):  # spans run on within a document
+            starts[i] = 0 if orders[i] == 0 else starts[i - 1] + lengths[i - 1]
+        if orders[0]:
+            starts[0] = 0  # a batch starting mid-document (never, with BATCH a multiple of DOC_CHUNKS)
+        ids = [chunk_id(d, int(o), t) for d, o, t in zip(docs, orders, texts)]
+        frame = pl.DataFrame({
+            "chunk_id": ids, "doc_id": docs, "order": orders.astype(np.int32), "text": texts,
+            "char_start": starts, "char_end": starts + lengths - 1, "heading_path": [""] * len(rows),
+            "token_count": np.full(len(rows), CHUNK_WORDS + 20, dtype=np.int32),
+            "source_path": [f"synthetic/{d}.txt" for d in docs], "content_hash": [d for d in docs],
+            "page_start": pl.Series([None] * len(rows), dtype=pl.Int32),
+            "page_end": pl.Series([None] * len(rows), dtype=pl.Int32), "model": ["all-MiniLM-L6-v2"] * len(rows),
+            "pagerank": np.zeros(len(rows)), "in_skeleton": [False] * len(rows)})
+        table = frame.to_arrow().append_column("vector", pa.FixedSizeListArray.from_arrays(
+            pa.array(vectors.ravel()), DIM)).cast(chunk_schema(DIM))
+        links = []
+        for i, t in enumerate(topics):  # a topic keyword links to the chunks whose text holds it
+            held = set(texts[i].split())
+            links.extend((k, ids[i]) for k in self.topic_keywords[t] if k in held)
+        links = pl.DataFrame(links, schema={"keyword": pl.String, "chunk_id": pl.String}, orient="row")
+        return table, links
+
+    @property
+    def topic_keywords(self) -> list[list[str]]:
+        if not hasattr(self, "_topic_keywords"):
+            self._topic_keywords = [list(dict.fromkeys(self.words[self.topic_words[t, :KEYWORDS_PER_TOPIC]].tolist()))
+                                    for t in range(self.topics)]
+        return self._topic_keywords
+
+    def keyword_table(self) -> pa.Table:
+        """Each keyword once, its vector near the centroid of the first topic that has it."""
+        first: dict[str, int] = {}
+        for t, names in enumerate(self.topic_keywords):
+            for name in names:
+                first.setdefault(name, t)
+        vectors = self.vectors(np.array(list(first.values())), noise=0.7)
+        return pa.table({"keyword": list(first), "sentence_count": pa.array(np.ones(len(first), dtype=np.int64)),
+                         "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), DIM)})
+
+
+def bench_home(n: int) -> Path:
+    return CACHE / f"query-scale-{n}"
+
+
+def build(n: int, home: Path) -> dict:
+    """Write the synthetic index (chunk rows in batches, sources, keywords, links), then its search indexes."""
+    settings = Settings(home=home)
+    partial = home.with_name(home.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    store = VectorStore(Settings(home=partial).lance_uri)
+    corpus = Corpus(n)
+    started = time.perf_counter()
+    link_frames = []
+    table = None
+    for start in range(0, n, BATCH):
+        rows, links = corpus.batch(start, min(n, start + BATCH))
+        table = store.db.create_table(CHUNKS, data=rows) if table is None else table
+        if start:
+            table.add(rows)
+        link_frames.append(links)
+        print(f"  rows {min(n, start + BATCH)}/{n} ({time.perf_counter() - started:.0f} s)", flush=True)
+    docs = (n + DOC_CHUNKS - 1) // DOC_CHUNKS
+    names = [f"synthetic-{d:07d}" for d in range(docs)]
+    sources = pa.table({"doc_id": names, "uri": [f"synthetic/{d}.txt" for d in names],
+                        "relative_path": [f"{d}.txt" for d in names], "title": names, "format": ["txt"] * docs,
+                        "content_hash": names, "size_bytes": pa.array(np.zeros(docs), pa.int64()),
+                        "chunk_count": pa.array(np.full(docs, DOC_CHUNKS), pa.int32()),
+                        "ingested_at": pa.array([None] * docs, pa.timestamp("us", tz="UTC"))}).cast(SOURCE_SCHEMA)
+    store.db.create_table("sources", data=sources)
+    store.db.create_table(KEYWORDS, data=corpus.keyword_table())
+    written = time.perf_counter() - started
+    report = li.refresh(store, Settings(home=partial).index_dir / "corpus", pl.concat(link_frames))
+    report["write_seconds"] = round(written, 1)
+    (partial / "synthetic.json").write_text(json.dumps({"chunks": n, "topics": corpus.topics, **report}, indent=1))
+    shutil.rmtree(home, ignore_errors=True)
+    partial.rename(home)
+    return report
+
+
+def ensure_index(n: int) -> Path:
+    home = bench_home(n)
+    if (home / "synthetic.json").exists():
+        print(f"cached synthetic index: {home}")
+        return home
+    print(f"building the synthetic index of {n} chunks in {home} (once; cached)", flush=True)
+    report = build(n, home)
+    print(f"build of {n} chunks: write {report['write_seconds']} s, search indexes {report['build_seconds']}")
+    return home
+
+
+def questions(corpus: Corpus, count: int, seed: int = 11) -> list[str]:
+    """Questions in the synthetic vocabulary: four words of one topic (its keywords among them) and two
+    common words, so that the full-text and keyword channels have hits, as real questions do."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        topic = rng.choice(corpus.topics, p=corpus.topic_p)
+        own = corpus.words[corpus.topic_words[topic, rng.integers(0, KEYWORDS_PER_TOPIC * 2, size=4)]]
+        common = corpus.words[rng.integers(0, 200, size=2)]
+        out.append(f"What did {own[0]} {own[1]} say about {own[2]} and {common[0]} {own[3]} {common[1]}?")
+    return out
+
+
+def serve_figures(home: Path, asked: list[str], env_extra: dict, clients: int, seconds: float) -> dict:
+    """Start `lexgraph serve` on a scratch home whose collection links to the index; time the first answer,
+    read the server's memory, then one client over `asked` and `clients` clients for `seconds`."""
+    scratch = Path(tempfile.mkdtemp(prefix="lexgraph-query-scale-"))
+    (scratch / "default").symlink_to(home / "default", target_is_directory=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("LEXGRAPH_LLM_BASE_URL", "OPENAI_BASE_URL",
+                                                             "LEXGRAPH_SERVE_TOKEN")}
+    env.update(HF_HUB_OFFLINE="1", LEXGRAPH_HOME=str(scratch), **env_extra)
+    port = free_port()
+    log_path = scratch / "serve.log"
+    started = time.perf_counter()
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen([sys.executable, "-m", "lexgraph.cli", "serve", "--host", "127.0.0.1", "--port",
+                                   str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    figures: dict = {}
+    try:
+        client = Client(port)
+        while True:
+            if server.poll() is not None:
+                raise SystemExit(f"serve exited with {server.returncode}:\n{log_path.read_text()[-3000:]}")
+            try:
+                status, body, _ = client.ask(asked[0], "semantic")
+                break
+            except OSError:
+                time.sleep(0.05)
+        figures["first_answer_s"] = time.perf_counter() - started
+        if status != 200:
+            raise SystemExit(f"the first question got {status}: {body}\n{log_path.read_text()[-3000:]}")
+        figures["rss_mb"], figures["hwm_mb"] = rss_mb(server.pid)
+        figures["health"] = client.request("GET", "/health")[1]
+        for question in asked[1:6]:  # warm-up, not counted
+            client.ask(question, "semantic")
+        latencies, failed = [], 0
+        for question in asked[6:]:
+            status, _, latency = client.ask(question, "semantic")
+            if status == 200:
+                latencies.append(latency)
+            else:
+                failed += 1
+        figures.update(sequential=latencies, sequential_errors=failed)
+        figures.update(concurrent(port, asked, clients, seconds))
+        figures["rss_after_load_mb"], figures["hwm_after_load_mb"] = rss_mb(server.pid)
+    finally:
+        server.terminate()
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        shutil.rmtree(scratch, ignore_errors=True)
+    return figures
+
+
+def concurrent(port: int, asked: list[str], clients: int, seconds: float) -> dict:
+    answered, errors, latencies = [0], [0], []
+    lock = threading.Lock()
+    deadline = time.perf_counter() + seconds
+
+    def worker(number: int) -> None:
+        mine, position = Client(port), number * len(asked) // clients
+        while time.perf_counter() < deadline:
+            try:
+                status, _, latency = mine.ask(asked[position % len(asked)], "semantic")
+            except OSError:
+                status, latency = 0, 0.0
+            position += 1
+            with lock:
+                if status == 200:
+                    answered[0] += 1
+                    latencies.append(latency)
+                else:
+                    errors[0] += 1
+        mine.close()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+    began = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {"concurrent_answers": answered[0], "concurrent_errors": errors[0],
+            "throughput": answered[0] / (time.perf_counter() - began), "concurrent_latency": latencies}
+
+
+def ann_recall(table, vectors: np.ndarray, nprobes: int, refine: int, pq: bool) -> float:
+    found = []
+    for vector in vectors:
+        exact = table.search(vector).distance_type("cosine").limit(10).bypass_vector_index().select(
+            ["chunk_id"]).to_arrow().column("chunk_id").to_pylist()
+        query = table.search(vector).distance_type("cosine").limit(10).nprobes(nprobes).select(["chunk_id"])
+        approx = (query.refine_factor(refine) if pq else query).to_arrow().column("chunk_id").to_pylist()
+        found.append(len(set(exact) & set(approx)) / 10)
+    return float(np.mean(found))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--chunks", type=int, default=100_000)
+    parser.add_argument("--build-only", action="store_true")
+    parser.add_argument("--home", type=Path, help="serve this index home instead of the synthetic one (read only)")
+    parser.add_argument("--backend", default="auto", choices=("auto", "memory", "lance"))
+    parser.add_argument("--questions", type=int, default=220, help="sequential questions (≥ 200 are timed)")
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--recall-samples", type=int, default=50)
+    args = parser.parse_args()
+    home = args.home.resolve() if args.home else ensure_index(args.chunks)
+    if args.build_only:
+        return
+    corpus = Corpus(args.chunks)
+    asked = questions(corpus, args.questions + 6) if not args.home else real_questions(args.questions + 6)
+    label = f"{args.home.name if args.home else f'synthetic {args.chunks}'} [{args.backend}]"
+    figures = serve_figures(home, asked, {"LEXGRAPH_QUERY_BACKEND": args.backend}, args.clients, args.seconds)
+    backend = figures["health"]["query_backend"]
+    print(f"{label}: chunks {figures['health']['chunks']}, backend {backend['backend']} ({backend['reason']})")
+    print(f"{label}: first answer {figures['first_answer_s']:.1f} s after process start")
+    print(f"{label}: memory after the first answer VmHWM {figures['hwm_mb']:.0f} MB, VmRSS {figures['rss_mb']:.0f} MB")
+    seq = figures["sequential"]
+    print(f"{label}: semantic route, one client, {len(seq)} questions: p50 {1000 * percentile(seq, 50):.0f} ms, "
+          f"p95 {1000 * percentile(seq, 95):.0f} ms, errors {figures['sequential_errors']}")
+    print(f"{label}: {args.clients} clients for {args.seconds:.0f} s: {figures['concurrent_answers']} answers, "
+          f"{figures['throughput']:.1f} answers/s, errors {figures['concurrent_errors']}, p95 "
+          f"{1000 * percentile(figures['concurrent_latency'], 95):.0f} ms")
+    print(f"{label}: memory after the load VmHWM {figures['hwm_after_load_mb']:.0f} MB, "
+          f"VmRSS {figures['rss_after_load_mb']:.0f} MB")
+    if not args.home and args.recall_samples:
+        for kind, value in recall(home, corpus, args.recall_samples).items():
+            print(f"{label}: dense recall@10 of the ANN against exact search, {kind}: {value:.3f}")
+
+
+def real_questions(count: int) -> list[str]:
+    data = json.loads(QUESTIONS.read_text(encoding="utf-8"))
+    rows = list(data.values() if isinstance(data, dict) else data)
+    return [rows[i % len(rows)]["question"] for i in range(count)]
+
+
+def recall(home: Path, corpus: Corpus, samples: int) -> dict[str, float]:
+    """Dense recall@10 of the ANN (the lance backend's nprobes and refine factor) against exact flat search:
+    query vectors drawn like chunk vectors, and real questions embedded by the query embedder."""
+    import lancedb
+
+    from lexgraph.extract.embedder import Embedder
+    from lexgraph.query.lance_backend import LanceParams
+
+    settings = Settings(home=home)
+    table = lancedb.connect(settings.lance_uri).open_table(CHUNKS)
+    pq = any(i.index_type == "IvfPq" for i in table.list_indices())
+    params = LanceParams()
+    drawn = corpus.vectors(np.random.default_rng(5).choice(corpus.topics, size=samples, p=corpus.topic_p))
+    embedder = Embedder.shared(settings.embed_model)
+    real = np.stack([embedder.embed_query(q) for q in real_questions(samples)]).astype(np.float32)
+    return {f"{samples} synthetic query vectors": ann_recall(table, drawn, params.nprobes, params.refine_factor, pq),
+            f"{samples} embedded LiHua-World questions": ann_recall(table, real, params.nprobes,
+                                                                    params.refine_factor, pq)}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,269 @@
+"""The query side at scale: the semantic channels answered by LanceDB's own indexes instead of arrays held in
+the process (LEXGRAPH_QUERY_BACKEND=lance, or auto from LEXGRAPH_LANCE_THRESHOLD chunks on).
+
+- dense: the ANN vector index (IVF_PQ, cosine; nprobes partitions searched, refine_factor × k candidates
+  re-scored on their stored vectors);
+- bm25: LanceDB's native full-text index (its own BM25 and tokenizer: stemmed, stopwords dropped, so its
+  ranking is close to, not the same as, the in-memory BM25);
+- keyword: the query's nearest keyword vectors and verbatim keywords, their links read from the
+  keyword_links table (BTREE on keyword), the linked chunks' vectors fetched by id and re-scored as in
+  memory (cos + λ·evidence/max), on the KEYWORD_CANDIDATES chunks with the most evidence.
+
+Each channel returns its top few hundred hits as row numbers into the chunk table's scan order, so the
+fusion, context and answer code keep working on score arrays of N floats. What the process holds: each
+row's LanceDB row id and token count (12 bytes a chunk), rows fetched for answers (bounded cache), and the
+idf of terms in a sample of chunk texts (what the extractive answerer weighs question words by). No
+vectors: nothing of size N × dimension. The graph channels (statements, entities, paths) are not loaded.
+Without an index LanceDB searches flat: slower, still exact; `/health` says which indexes are missing or
+stale."""
+from __future__ import annotations
+
+import threading
+from collections import Counter, OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from lexgraph.extract.keywords import sentence_keywords
+from lexgraph.storage import lance_indexes as li
+from lexgraph.storage.vector_store import CHUNKS, KEYWORDS, VectorStore
+
+ROW_COLUMNS = ["chunk_id", "doc_id", "text", "char_start", "char_end", "token_count", "source_path", "heading_path",
+               "page_start", "page_end"]
+
+
+@dataclass(frozen=True)
+class LanceParams:
+    candidates: int = 200  # hits taken from each channel (the hybrid fuses the top 30 of each)
+    nprobes: int = 20  # IVF partitions searched (of ≈ √N)
+    refine_factor: int = 5  # PQ candidates re-scored on their stored vectors: refine_factor × candidates
+    term_sample: int = 5000  # chunk texts the answerer's idf is estimated from
+    link_limit: int = 50_000  # keyword links read at most for one query
+    keyword_candidates: int = 300  # chunks with the most keyword evidence re-scored by cosine
+    row_cache: int = 20_000  # fetched chunk rows kept
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _in(column: str, values) -> str:
+    return f"{column} IN ({', '.join(_quote(v) for v in values)})"
+
+
+class TermStats:
+    """What the answerer reads of BM25 (vocabulary, idf, k1, b, split_camel_case), from a sample of chunk
+    texts: document frequencies scaled to the whole table. Terms outside the sample count as rare."""
+
+    def __init__(self, texts: list[str], k1: float, b: float, split_camel_case: bool):
+        from lexgraph.query.retrieval import tokenize
+
+        self.k1, self.b, self.split_camel_case = k1, b, split_camel_case
+        df = Counter(t for text in texts for t in set(tokenize(text, split_camel_case)))
+        self.vocabulary = {term: i for i, term in enumerate(df)}
+        n = max(len(texts), 1)
+        counts = np.fromiter(df.values(), dtype=float, count=len(df))
+        self.idf = np.log1p((n - counts + 0.5) / (counts + 0.5))
+        self.n_docs = n
+
+
+class ChunkRows:
+    """Stands in for the in-memory chunk frame: `height`, `["token_count"]` (held) and `row(i)` (fetched from
+    LanceDB by row id, cached). Row i is the i-th row of the chunk table's scan at load."""
+
+    def __init__(self, table, rowids: np.ndarray, token_count: np.ndarray, cache_size: int):
+        self.table, self.rowids, self.token_count = table, rowids, token_count
+        self.height = len(rowids)
+        self._cache: OrderedDict[int, dict] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+        self.ids: dict[str, int] = {}  # chunk id -> row, for every row fetched (the context orders by it)
+
+    def __getitem__(self, column: str):
+        if column == "token_count":
+            return self.token_count
+        raise KeyError(f"column {column!r} is not held in memory on the lance query backend; fetch rows by id")
+
+    def __len__(self) -> int:
+        return self.height
+
+    def fetch(self, rows) -> None:
+        """Read these rows in one LanceDB take (the ones not cached yet)."""
+        with self._lock:
+            missing = sorted({int(r) for r in rows} - set(self._cache))
+        if not missing:
+            return
+        found = self.table.take_row_ids([int(self.rowids[r]) for r in missing]).select(ROW_COLUMNS).with_row_id() \
+            .to_arrow()
+        records = found.to_pylist()
+        positions = np.searchsorted(self.rowids, np.asarray(found.column("_rowid").to_pylist(), dtype=np.uint64))
+        with self._lock:
+            for row, record in zip(positions.tolist(), records):
+                record.pop("_rowid", None)
+                self._cache[row] = record
+                self.ids[record["chunk_id"]] = row
+            while len(self._cache) > self._cache_size:
+                _, old = self._cache.popitem(last=False)
+                self.ids.pop(old["chunk_id"], None)
+
+    def row(self, row: int, named: bool = True) -> dict:
+        row = int(row)
+        with self._lock:
+            record = self._cache.get(row)
+        if record is None:
+            self.fetch([row])
+            with self._lock:
+                record = self._cache.get(row)
+        if record is None:
+            raise LookupError(f"chunk row {row} is no longer in the chunk table (the index changed under the query)")
+        return record
+
+
+class FetchedPositions(Mapping):
+    """chunk id -> row, for the rows fetched so far (what the context builder looks its items up in)."""
+
+    def __init__(self, rows: ChunkRows):
+        self.rows = rows
+
+    def __getitem__(self, chunk_id: str) -> int:
+        return self.rows.ids[chunk_id]
+
+    def __iter__(self):
+        return iter(list(self.rows.ids))
+
+    def __len__(self) -> int:
+        return len(self.rows.ids)
+
+
+class LanceSearch:
+    """The semantic channels over LanceDB's indexes; every method returns (rows, scores), best first."""
+
+    def __init__(self, store: VectorStore, rows: ChunkRows, params: LanceParams):
+        self.store, self.rows, self.params = store, rows, params
+        self.chunks = store.db.open_table(CHUNKS)
+        names = store.table_names()
+        self.keywords = store.db.open_table(KEYWORDS) if KEYWORDS in names else None
+        self.links = store.db.open_table(li.KEYWORD_LINKS) if li.KEYWORD_LINKS in names else None
+        self.states = li.chunk_index_states(store)
+
+    def _rows(self, rowids) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, mask of the row ids found): a row id missing from the scan at load (the table changed
+        since) is dropped rather than mapped to the wrong chunk."""
+        rowids = np.asarray(rowids, dtype=np.uint64)
+        position = np.searchsorted(self.rows.rowids, rowids)
+        position = np.minimum(position, max(self.rows.height - 1, 0))
+        found = self.rows.rowids[position] == rowids if self.rows.height else np.zeros(len(rowids), bool)
+        return position[found], found
+
+    def _ranked(self, result, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        rows, found = self._rows(result.column("_rowid").to_numpy())
+        return rows, scores[found]
+
+    def dense(self, query_vector: np.ndarray, k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        k = k or self.params.candidates
+        query = self.chunks.search(query_vector.astype(np.float32)).distance_type("cosine").limit(k) \
+            .nprobes(self.params.nprobes).select([]).with_row_id(True)
+        if self.states[li.ANN_INDEX].kind == "IVF_PQ":
+            query = query.refine_factor(self.params.refine_factor)
+        result = query.to_arrow()
+        return self._ranked(result, 1.0 - result.column("_distance").to_numpy().astype(float))
+
+    def fts(self, text: str, tokens: list[str], k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Full-text hits for the query's tokens (our tokenizer's, so punctuation never reaches the query
+        parser); none without a full-text index (LanceDB has no flat full-text search)."""
+        if not tokens or not self.states[li.FTS_INDEX].present:
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
+        result = self.chunks.search(" ".join(dict.fromkeys(tokens)), query_type="fts", fts_columns="text") \
+            .limit(k or self.params.candidates).select([]).with_row_id(True).to_arrow()
+        return self._ranked(result, result.column("_score").to_numpy().astype(float))
+
+    def keyword(self, query: str, query_vector: np.ndarray, keyword_top: int, exact_weight: float,
+                evidence_weight: float) -> tuple[np.ndarray, np.ndarray]:
+        """KET-RAG's keyword channel as in memory, its links and chunk vectors read for this query only."""
+        empty = np.zeros(0, dtype=np.int64), np.zeros(0)
+        if self.keywords is None or self.links is None:
+            return empty
+        weights = self._keyword_weights(query, query_vector, keyword_top, exact_weight)
+        if not weights:
+            return empty
+        links = pl.from_arrow(self.links.search().where(_in("keyword", weights)).select(
+            ["keyword", "chunk_id", "chunk_count"]).limit(self.params.link_limit).to_arrow())
+        if links.height == 0:
+            return empty
+        n = max(self.rows.height, 1)
+        evidence = links.with_columns(
+            (pl.col("keyword").replace_strict(weights, return_dtype=pl.Float64)
+             * ((n / pl.col("chunk_count").clip(1)).log() + 1.0)).alias("e")
+        ).group_by("chunk_id").agg(pl.col("e").sum()).sort("e", descending=True).head(self.params.keyword_candidates)
+        found = self.chunks.search().where(_in("chunk_id", evidence["chunk_id"].to_list())).select(
+            ["chunk_id", "vector"]).with_row_id(True).limit(evidence.height).to_arrow()
+        if found.num_rows == 0:
+            return empty
+        vectors = found.column("vector").combine_chunks().values.to_numpy().reshape(found.num_rows, -1)
+        strength = dict(zip(evidence["chunk_id"].to_list(), evidence["e"].to_list()))
+        ev = np.array([strength[c] for c in found.column("chunk_id").to_pylist()])
+        scores = vectors @ query_vector + evidence_weight * ev / ev.max()
+        return self._ranked(found, scores)
+
+    def _keyword_weights(self, query: str, query_vector: np.ndarray, top: int, exact_weight: float) -> dict:
+        weights: dict[str, float] = {}
+        if top:
+            near = self.keywords.search(query_vector.astype(np.float32)).distance_type("cosine").limit(top) \
+                .nprobes(self.params.nprobes).select(["keyword"]).to_arrow()
+            for keyword, distance in zip(near.column("keyword").to_pylist(), near.column("_distance").to_pylist()):
+                if 1.0 - distance > 0:
+                    weights[keyword] = 1.0 - distance
+        verbatim = list(dict.fromkeys(sentence_keywords(query)))
+        if verbatim:
+            known = self.keywords.search().where(_in("keyword", verbatim)).select(["keyword"]) \
+                .limit(len(verbatim)).to_arrow().column("keyword").to_pylist()
+            for keyword in known:
+                weights[keyword] = max(weights.get(keyword, 0.0), exact_weight)
+        return weights
+
+
+def index_health(states: dict[str, li.IndexState], has_links: bool = True) -> dict:
+    """Each chunk-table index (type, rows indexed, rows LanceDB still searches flat) and what is degraded."""
+    indexes = {name: {"type": s.kind, "indexed_rows": s.indexed, "unindexed_rows": s.unindexed}
+               for name, s in states.items()}
+    notes = []
+    if not states[li.ANN_INDEX].present:
+        notes.append("no ANN vector index: dense search is flat (exact, slower); the corpus job builds it")
+    if not states[li.FTS_INDEX].present:
+        notes.append("no full-text index: the bm25 channel returns nothing; the corpus job builds it")
+    if not has_links:
+        notes.append(f"no {li.KEYWORD_LINKS} table: the keyword channel returns nothing; the corpus job writes it")
+    stale = [name for name, s in states.items() if s.stale]
+    if stale:
+        notes.append(f"stale: {', '.join(stale)} (rows added since are searched flat until the next optimize)")
+    return {"indexes": indexes, "degraded": notes}
+
+
+def scan_rows(table) -> tuple[np.ndarray, np.ndarray]:
+    """(row ids, token counts) of every chunk, in scan order: the row numbering of the lance backend."""
+    data = table.search().select(["token_count"]).with_row_id(True).limit(None).to_arrow()
+    rowids = data.column("_rowid").to_numpy().astype(np.uint64)
+    tokens = data.column("token_count").to_numpy().astype(np.int32)
+    order = np.argsort(rowids, kind="stable")  # already sorted in practice; searchsorted needs it
+    return rowids[order], tokens[order]
+
+
+def sample_texts(table, rows: int, size: int, seed: int = 0) -> list[str]:
+    if rows == 0 or size <= 0:
+        return []
+    offsets = sorted(np.random.default_rng(seed).choice(rows, size=min(size, rows), replace=False).tolist())
+    return table.take_offsets(offsets).select(["text"]).to_arrow().column("text").to_pylist()
+
+
+def load(store: VectorStore, k1: float, b: float, split_camel_case: bool,
+         params: LanceParams | None = None) -> tuple[ChunkRows, LanceSearch, TermStats]:
+    params = params or LanceParams()
+    table = store.db.open_table(CHUNKS)
+    rowids, tokens = scan_rows(table)
+    rows = ChunkRows(table, rowids, tokens, params.row_cache)
+    terms = TermStats(sample_texts(table, len(rowids), params.term_sample), k1, b, split_camel_case)
+    return rows, LanceSearch(store, rows, params), terms
+
+

@@ -1,0 +1,182 @@
+"""The query side at scale (lexgraph.query.lance_backend): with the threshold set low, the sample index gets
+LanceDB's search indexes from the Dagster asset, and the lance backend answers as the in-memory one does
+(dense exactly: IVF_FLAT with every partition probed; the keyword channel exactly; the hybrid's top hits
+mostly), citations stay exact spans, `/health` of a real `lexgraph serve` names the backend, a missing ANN
+index falls back to flat search and says so, the graph route falls back to semantic with its reason, rows
+appended after the build are found and folded in by the refresh, and bad settings exit 2."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import dagster as dg
+import httpx
+import numpy as np
+import pytest
+
+from assets.search_indexes import search_indexes
+from lexgraph.cli import main as cli_main
+from lexgraph.extract.source_texts import source_text
+from lexgraph.index import LexIndex
+from lexgraph.query.retrieval import Retriever, dense_scores, load_index, load_lance_index
+from lexgraph.query.service import QueryService
+from lexgraph.settings import Settings
+from lexgraph.storage import lance_indexes as li
+from lexgraph.storage.extract_store import ExtractStore
+from lexgraph.storage.vector_store import CHUNKS, VectorStore
+from resources import IndexResource, LanceDBResource
+from tests.conftest import ROOT
+
+QUESTIONS = ["Who is the CEO of the engine supplier Kestrel?", "What did the arbitration award decide?",
+             "Which vessel had an engine fault in February 2024?", "What changed in the services agreement?",
+             "When did the board meet about the Aberdeen quay?"]
+
+
+@pytest.fixture(scope="module")
+def lance_home(tmp_path_factory, sample_home):
+    """A copy of the session's sample index whose search indexes the search_indexes asset built (threshold 1)."""
+    home = tmp_path_factory.mktemp("scale") / "index"
+    shutil.copytree(sample_home, home)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LEXGRAPH_LANCE_THRESHOLD", "1")
+        settings = Settings.from_env(home=home)
+        index = IndexResource.from_settings(settings)
+        result = dg.materialize([search_indexes], resources={"index": index, "lancedb": LanceDBResource(index=index)})
+    assert result.success
+    metadata = result.asset_materializations_for_node("search_indexes")[0].metadata
+    assert metadata["decision"].value == "build" and metadata["unindexed_rows"].value == 0
+    return home
+
+
+@pytest.fixture(scope="module")
+def pair(lance_home):
+    """(memory retriever, lance retriever) over the same index and embedder."""
+    settings = Settings.from_env(home=lance_home)
+    embedder = LexIndex(settings).embedder()
+    memory = Retriever(load_index(settings), embedder.embed_query, None, embedder.embed_queries)
+    lance = Retriever(load_lance_index(settings), embedder.embed_query, None, embedder.embed_queries)
+    return memory, lance
+
+
+def _ids(retriever, method, question, n=10):
+    return [hit.chunk_id for hit in retriever.search(method, question, n)]
+
+
+def test_lance_backend_agrees_with_memory(pair):
+    memory, lance = pair
+    assert lance.index.vectors is None and lance.index.graph is None  # nothing of size N × 384 held
+    overlap = []
+    for question in QUESTIONS:
+        assert _ids(lance, "dense", question) == _ids(memory, "dense", question)  # IVF_FLAT, all partitions
+        assert _ids(lance, "keyword", question) == _ids(memory, "keyword", question)
+        fts = set(_ids(lance, "bm25", question))
+        assert fts and len(fts & set(_ids(memory, "bm25", question))) >= 3  # LanceDB's BM25 stems; ours does not
+        overlap.append(len(set(_ids(lance, "hybrid", question, 5)) & set(_ids(memory, "hybrid", question, 5))) / 5)
+    assert np.mean(overlap) >= 0.7, overlap
+    hit = lance.search("hybrid", QUESTIONS[0], 1)[0]
+    assert hit.text and hit.char_end > hit.char_start and hit.source_path
+
+
+def test_answers_through_lance_cite_exact_spans_and_graph_falls_back(lance_home, monkeypatch):
+    monkeypatch.setenv("LEXGRAPH_QUERY_BACKEND", "lance")
+    settings = Settings.from_env(home=lance_home)
+    service = QueryService(settings, use_llm=False)
+    answer = service.ask(QUESTIONS[0], route="semantic")
+    assert answer["citations"] and not answer["abstained"]
+    store = ExtractStore(settings.extract_dir)
+    catalog = VectorStore(settings.lance_uri).indexed_hashes()
+    for citation in service.provenance(answer["query_id"])["citations"]:
+        text = source_text(store, catalog[citation["doc_id"]])["text"]
+        assert text[citation["char_start"]:citation["char_end"]] == citation["text"]
+    routed = service.ask(QUESTIONS[2], route="graph")
+    line = service.log.lines()[-1]
+    assert routed["route"] == "semantic" and line["requested_route"] == "graph"
+    assert line["retries"][0]["from"] == "graph" and "graph channels not loaded" in line["retries"][0]["reason"]
+
+
+def test_missing_ann_index_falls_back_to_flat_search(lance_home, pair, tmp_path):
+    home = tmp_path / "index"
+    shutil.copytree(lance_home, home)
+    settings = Settings.from_env(home=home, query_backend="lance")
+    VectorStore(settings.lance_uri).db.open_table(CHUNKS).drop_index(li.ANN_INDEX)
+    health = QueryService(settings, use_llm=False).health()["query_backend"]
+    assert health["backend"] == "lance" and health["indexes"][li.ANN_INDEX]["type"] is None
+    assert any("no ANN vector index" in note for note in health["degraded"])
+    memory, _ = pair
+    flat = Retriever(load_lance_index(settings), memory.embed)
+    assert _ids(flat, "dense", QUESTIONS[1]) == _ids(memory, "dense", QUESTIONS[1])
+
+
+def test_appended_rows_are_searched_then_folded_in(lance_home, tmp_path):
+    home = tmp_path / "index"
+    shutil.copytree(lance_home, home)
+    settings = Settings.from_env(home=home)
+    store = VectorStore(settings.lance_uri)
+    table = store.db.open_table(CHUNKS)
+    rows = table.count_rows()
+    extra = table.search().limit(10).to_arrow()
+    ids = [f"appended-{i}" for i in range(extra.num_rows)]
+    table.add(extra.set_column(extra.schema.get_field_index("chunk_id"), "chunk_id", [ids]))
+    states = li.chunk_index_states(store)
+    assert states[li.ANN_INDEX].unindexed == extra.num_rows
+    lance = Retriever(load_lance_index(settings), LexIndex(settings).embedder().embed_query)
+    vector = np.asarray(extra.column("vector")[0].as_py(), dtype=np.float32)
+    found = lance.hits(dense_scores(lance.index, vector), 20)
+    assert ids[0] in {hit.chunk_id for hit in found}  # searched flat beside the index
+    assert li.refresh_decision(rows + 10, rows, states) == "optimize"  # 10 of ~100 rows: past 5 %
+    report = li.refresh(store, settings.index_dir / "corpus")
+    assert report["decision"] == "optimize" and report["unindexed_rows"] == 0
+    assert li.refresh_decision(rows * 3, rows, li.chunk_index_states(store)) == "build"
+
+
+def test_serve_health_names_the_backend(lance_home, tmp_path):
+    env = dict(os.environ, LEXGRAPH_QUERY_BACKEND="lance", HF_HUB_OFFLINE="1")
+    port = _free_port()
+    log = (tmp_path / "serve.log").open("wb")
+    process = subprocess.Popen([sys.executable, "-m", "lexgraph.cli", "--home", str(lance_home), "serve", "--port",
+                                str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+            health = _wait(client, process, tmp_path / "serve.log")
+            backend = health["query_backend"]
+            assert backend["backend"] == "lance" and backend["reason"] == "LEXGRAPH_QUERY_BACKEND=lance"
+            assert backend["indexes"][li.ANN_INDEX]["type"] == "IVF_FLAT" and not backend["degraded"]
+            answer = client.post("/ask", json={"question": QUESTIONS[0], "route": "semantic"})
+            assert answer.status_code == 200 and answer.json()["citations"]
+    finally:
+        process.terminate()
+        process.wait(30)
+        log.close()
+
+
+@pytest.mark.parametrize("variable, value, message", [
+    ("LEXGRAPH_QUERY_BACKEND", "faiss", "LEXGRAPH_QUERY_BACKEND must be one of auto, memory, lance, got 'faiss'"),
+    ("LEXGRAPH_LANCE_THRESHOLD", "lots", "LEXGRAPH_LANCE_THRESHOLD must be a whole number from 1 on (chunks)"),
+    ("LEXGRAPH_LANCE_THRESHOLD", "0", "LEXGRAPH_LANCE_THRESHOLD must be a whole number of chunks from 1 on, got 0"),
+])
+def test_bad_settings_exit_2_with_a_clear_line(variable, value, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(variable, value)
+    assert cli_main(["--home", str(tmp_path), "serve"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"error: {message}")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _wait(client, process, log_path) -> dict:
+    deadline = time.monotonic() + 120
+    while True:
+        assert process.poll() is None, log_path.read_text()[-3000:]
+        try:
+            return client.get("/health").json()
+        except httpx.TransportError:
+            assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.25)
