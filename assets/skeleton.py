@@ -15,7 +15,6 @@ from assets.documents import (batch_metadata, data_version, describe_partitions,
 from lexgraph.build import corpus_index as ci
 from lexgraph.build import pipeline
 from lexgraph.build.skeleton import skeleton_size
-from lexgraph.extract.keywords import keyword_vectors
 from lexgraph.ids import content_hash
 from orchestration.partitions import GRAPH_WRITER_POOL, batched, documents
 from resources import EmbedderResource, IndexResource, KuzuResource, LanceDBResource
@@ -115,12 +114,13 @@ def chunk_knn_graph(context: dg.AssetExecutionContext, index: IndexResource, lan
     indexed = store_vectors.indexed_hashes()  # the catalog this build is made from
     digest = ci.catalog_digest(indexed)
     chunks, vectors = _catalog_chunks(store_vectors, indexed)
-    words = ci.chunk_words(store, chunks["chunk_id"])
     settings = index.settings()
     mode = ci.knn_mode(settings.knn_mode, chunks.height)
-    result = ci.update_knn(files, chunks, vectors, words, k=settings.knn_k, mode=mode)
+    # words are read only for chunks the saved state does not hold
+    result = ci.update_knn(files, chunks, vectors, lambda wanted: ci.chunk_words(store, wanted),
+                           k=settings.knn_k, mode=mode)
     with kuzu.writer() as graph:
-        graph.replace_similarity_edges(result.edges)
+        written = ci.write_similarity_edges(files, graph, result)
     linked = set(result.edges["src"].to_list()) | set(result.edges["dst"].to_list())
     isolated = chunks.height - len(linked & set(chunks["chunk_id"].to_list()))
     counts = result.edges.group_by("kind").len()
@@ -130,7 +130,8 @@ def chunk_knn_graph(context: dg.AssetExecutionContext, index: IndexResource, lan
             "catalog_documents": len(indexed), "catalog_digest": digest,
             "chunks": chunks.height, "edges": result.edges.height, "k": settings.knn_k, "mode": mode,
             "edges_by_kind": dg.MetadataValue.json(dict(zip(counts["kind"], counts["len"]))),
-            "rebuilt": result.rebuilt,
+            "rebuilt": result.rebuilt, "ann_index": result.ann_index, "words_read_chunks": result.words_read,
+            **written,
             "semantic_update": dg.MetadataValue.json(result.semantic.to_dict() if result.semantic else None),
             "lexical_update": dg.MetadataValue.json(result.lexical.to_dict() if result.lexical else None),
         },
@@ -247,15 +248,14 @@ def keyword_index(context: dg.AssetExecutionContext, index: IndexResource, lance
     digest = ci.catalog_digest(indexed)
     doc_ids = sorted(indexed)
     result = ci.update_keyword_index(files, store, doc_ids, embedder.get().dimension)
-    links = ci.keyword_chunk_links(store, doc_ids)
     with kuzu.writer() as graph:
-        graph.replace_keywords(result.index["keyword"], links)
+        written = ci.write_keyword_index(files, store, graph, vectors, result)
         dangling = graph.query("MATCH (k:Keyword) WHERE NOT EXISTS { MATCH (k)-[:KEYWORD_IN]->(:Chunk) } "
                                "RETURN count(k) AS n")["n"][0]
-    vectors.replace_keywords(keyword_vectors(result.index))
     files.record_built("keyword_index", digest, index.settings())
     return dg.MaterializeResult(
-        metadata={"keywords": result.index.height, "keyword_chunk_links": links.height,
+        metadata={"keywords": result.index.height, "keyword_chunk_links": sum(result.link_counts.values()),
+                  **written,
                   "catalog_documents": len(indexed), "catalog_digest": digest,
                   "documents_added": len(result.added), "documents_removed": len(result.removed),
                   "documents_updated": len(result.updated),

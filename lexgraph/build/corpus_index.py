@@ -8,6 +8,7 @@ import json
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import polars as pl
@@ -17,7 +18,7 @@ from lexgraph.extract import keywords as kw
 from lexgraph.faults import KEYWORD_INDEX, crash_point
 from lexgraph.ids import content_hash
 from lexgraph.storage.extract_store import ExtractStore
-from lexgraph.build.knn import DEFAULT_K, KnnGraph, KnnUpdate, lexical_knn, semantic_knn
+from lexgraph.build.knn import DEFAULT_K, AnnIndex, KnnGraph, KnnUpdate, lexical_knn, semantic_knn
 from lexgraph.build.pagerank import pagerank
 from lexgraph.build.pipeline import ENTITIES, FACTS, KEYWORD_STATS, KEYWORDS, RELATIONS, STATEMENTS, TOPICS
 from lexgraph.build.skeleton import DEFAULT_BETA, SelectionDiff, select_skeleton, selection_diff, skeleton_size
@@ -66,9 +67,11 @@ class CorpusFiles:
 
     def __init__(self, index_dir: str | Path):
         self.root = Path(index_dir) / "corpus"
-        self.knn_corpus = self.root / "knn_corpus.parquet"  # chunk_id, doc_id, vector, words
+        self.knn_corpus = self.root / "knn_corpus.parquet"  # chunk_id, doc_id, vector_digest, words, ann_id
         self.knn_state = self.root / "knn_state.parquet"  # directed top-K lists, both kinds
         self.edges = self.root / "knn_edges.parquet"
+        self.similar_synced = self.root / "similar_synced.json"  # the edges generation the graph holds
+        self.keywords_synced = self.root / "keywords_synced.json"  # the keyword index the stores hold
         self.pagerank = self.root / "pagerank.parquet"
         self.skeleton = self.root / "skeleton.parquet"
         self.skeleton_diff = self.root / "skeleton_diff.json"
@@ -78,6 +81,10 @@ class CorpusFiles:
         self.entity_merges = self.root / "entity_merges.parquet"  # every surface form folded into an entity, and why
         self.reextracted = self.root / "reextracted.json"  # the selection diff whose re-extraction is done
         self.lexical_inputs = self.root / "lexical_inputs.json"  # the lexical tables the lexical graph was built from
+
+    def ann_index(self, generation: str) -> Path:
+        """The saved faiss HNSW index of one KNN save (approximate mode only)."""
+        return self.root / f"knn_hnsw.{generation}.faiss"
 
     def record_built(self, step: str, digest: str, settings) -> None:
         """Written last by each corpus step, so a crash before it leaves the step out of date."""
@@ -170,77 +177,158 @@ class KnnResult:
     semantic: KnnUpdate | None
     lexical: KnnUpdate | None
     rebuilt: bool
+    ann_index: str = "exact"  # "exact" (no ANN index), "loaded" (the saved one) or "rebuilt: <why>"
+    words_read: int = 0  # chunks whose words were read from the extract store (the others came from the state)
+    generation: str = ""  # of the files just saved
+    previous_edges: pl.DataFrame | None = None  # the edges of the previous save, to write only the difference
+    previous_generation: str | None = None
 
 
-def chunk_words(store: ExtractStore, chunk_ids: pl.Series) -> pl.DataFrame:
-    """Each chunk's distinct keywords (content words and proper-noun phrases), for the lexical kind."""
-    scan = store.scan(KEYWORDS)
-    empty = pl.DataFrame({"chunk_id": chunk_ids}).with_columns(pl.lit([], dtype=pl.List(pl.String)).alias("words"))
-    if scan is None:
-        return empty
-    words = (scan.select("chunk_id", "keyword").unique().group_by("chunk_id")
-             .agg(pl.col("keyword").sort().alias("words")).collect())
-    return (pl.DataFrame({"chunk_id": chunk_ids}).join(words, on="chunk_id", how="left")
-            .with_columns(pl.col("words").fill_null(pl.lit([], dtype=pl.List(pl.String)))))
+def chunk_words(store: ExtractStore, chunks: pl.DataFrame) -> pl.DataFrame:
+    """Each chunk's distinct keywords (content words and proper-noun phrases), for the lexical kind.
+
+    chunks: chunk_id, doc_id; only those documents' keyword files are read."""
+    wanted = chunks.select("chunk_id")
+    frames = [store.read(KEYWORDS, d).select("chunk_id", "keyword")
+              for d in chunks["doc_id"].unique().sort().to_list() if store.exists(KEYWORDS, d)]
+    if frames:
+        words = (pl.concat(frames).unique().group_by("chunk_id").agg(pl.col("keyword").sort().alias("words")))
+        wanted = wanted.join(words, on="chunk_id", how="left")
+    else:
+        wanted = wanted.with_columns(pl.lit(None, dtype=pl.List(pl.String)).alias("words"))
+    return wanted.with_columns(pl.col("words").fill_null(pl.lit([], dtype=pl.List(pl.String))))
 
 
-def update_knn(files: CorpusFiles, chunks: pl.DataFrame, vectors: np.ndarray, words: pl.DataFrame,
+# Saved with the KNN corpus; a save of another format (e.g. one that still held the vectors) is rebuilt.
+KNN_FORMAT = 2
+
+
+def update_knn(files: CorpusFiles, chunks: pl.DataFrame, vectors: np.ndarray,
+               words: pl.DataFrame | Callable[[pl.DataFrame], pl.DataFrame],
                k: int = DEFAULT_K, mode: str = "exact") -> KnnResult:
     """Bring the KNN graphs from the saved corpus to `chunks` by removing and adding chunks only.
 
-    chunks: chunk_id, doc_id aligned with `vectors` rows and `words` rows.
-    A change of k or mode, or missing state, rebuilds from scratch.
+    chunks: chunk_id, doc_id aligned with `vectors` rows (the vectors of kept chunks come from here, not
+    from a copy). words: chunk_id, words; or a function giving them for a frame of chunks, asked only
+    for chunks the saved state does not hold. A chunk whose vector changed is removed and added again.
+    A change of k, mode or format, or missing or torn state, rebuilds from scratch.
     """
-    words = chunks.select("chunk_id").join(words, on="chunk_id", how="left")
-    current = chunks.with_columns(pl.Series("vector", vectors, dtype=pl.Array(pl.Float32, vectors.shape[1])),
-                                  words["words"].fill_null(pl.lit([], dtype=pl.List(pl.String))).alias("words"))
-    previous, state, settings = _load_knn(files)
-    if previous is None or settings != {"k": k, "mode": mode}:
-        semantic = semantic_knn(current["chunk_id"].to_list(), vectors, k, mode=mode)
-        lexical = lexical_knn(current["chunk_id"].to_list(), current["words"].to_list(), k)
-        result = KnnResult(pl.DataFrame(), chunks, None, None, rebuilt=True)
+    words_of = words if callable(words) else (lambda wanted: wanted.select("chunk_id").join(words, on="chunk_id", how="left"))
+    current = (chunks.select("chunk_id", "doc_id").with_columns(pl.Series("vector_digest", vector_digests(vectors)))
+               .with_row_index("row"))
+    saved = _load_knn(files)
+    settings = {"k": k, "mode": mode, "format": KNN_FORMAT}
+    if saved is None or saved.settings != settings:
+        current = current.join(_read_words(words_of, current), on="chunk_id", how="left")
+        ids = current["chunk_id"].to_list()
+        semantic = semantic_knn(ids, vectors, k, mode=mode)
+        lexical = lexical_knn(ids, current["words"].to_list(), k)
+        result = KnnResult(pl.DataFrame(), chunks, None, None, rebuilt=True, words_read=current.height)
     else:
-        semantic = semantic_knn(previous["chunk_id"].to_list(), _matrix(previous), k, mode=mode, state=state)
-        lexical = lexical_knn(previous["chunk_id"].to_list(), previous["words"].to_list(), k, state=state)
-        gone = previous.join(current, on="chunk_id", how="anti")["chunk_id"].to_list()
-        new = current.join(previous, on="chunk_id", how="anti")
-        sem_updates = [semantic.remove(gone)] if gone else []
+        previous = saved.corpus
+        kept = previous.join(current, on=["chunk_id", "vector_digest"], how="semi")
+        gone = previous.join(kept, on="chunk_id", how="anti")["chunk_id"].to_list()
+        new = current.join(kept, on="chunk_id", how="anti")
+        kept = kept.select("chunk_id", "words").join(current, on="chunk_id")
+        ann, problem = _load_ann(files, saved, kept) if mode == "approx" else (None, None)
+        semantic = semantic_knn(kept["chunk_id"].to_list(), vectors[kept["row"].to_numpy()], k, mode=mode,
+                                state=saved.state, removed=gone, ann_index=ann)
+        lexical = lexical_knn(previous["chunk_id"].to_list(), previous["words"].to_list(), k, state=saved.state)
+        sem_updates = [semantic.last_update] if gone else []
         lex_updates = [lexical.remove(gone)] if gone else []
+        new = new.join(_read_words(words_of, new), on="chunk_id", how="left")
         if new.height:
-            sem_updates.append(semantic.add(new["chunk_id"].to_list(), _matrix(new)))
+            sem_updates.append(semantic.add(new["chunk_id"].to_list(), vectors[new["row"].to_numpy()]))
             lex_updates.append(lexical.add(new["chunk_id"].to_list(), new["words"].to_list()))
-        result = KnnResult(pl.DataFrame(), chunks, _merge(sem_updates), _merge(lex_updates), rebuilt=False)
+        current = pl.concat([kept, new], how="diagonal_relaxed")
+        result = KnnResult(pl.DataFrame(), chunks, _merge(sem_updates), _merge(lex_updates), rebuilt=False,
+                           words_read=new.height, previous_edges=saved.edges, previous_generation=saved.generation)
+        if problem and semantic.ann_status.startswith("rebuilt"):
+            result.ann_index = f"rebuilt: {problem}"
+    if result.ann_index == "exact" or semantic.ann_status == "loaded":
+        result.ann_index = semantic.ann_status
     result.edges = pl.concat([semantic.edges(), lexical.edges()])
-    _save_knn(files, current, semantic, lexical, {"k": k, "mode": mode})
-    files.write(files.edges, result.edges)
+    result.generation = _save_knn(files, current.drop("row").sort("chunk_id"), semantic, lexical, settings,
+                                  result.edges)
     return result
 
 
-def _matrix(frame: pl.DataFrame) -> np.ndarray:
-    return frame["vector"].to_numpy().astype(np.float32, copy=False)
+def _read_words(words_of: Callable[[pl.DataFrame], pl.DataFrame], chunks: pl.DataFrame) -> pl.DataFrame:
+    found = words_of(chunks.select("chunk_id", "doc_id")) if chunks.height else pl.DataFrame(
+        schema={"chunk_id": pl.String, "words": pl.List(pl.String)})
+    return (chunks.select("chunk_id").join(found.select("chunk_id", "words"), on="chunk_id", how="left")
+            .with_columns(pl.col("words").fill_null(pl.lit([], dtype=pl.List(pl.String)))))
+
+
+def vector_digests(vectors: np.ndarray) -> np.ndarray:
+    """One int64 per row that changes whenever any component's bits do (a weighted sum mod 2^64 with odd
+    weights): how a kept chunk whose embedding changed is told apart without keeping a copy of the vectors."""
+    bits = np.ascontiguousarray(vectors, dtype=np.float32).reshape(len(vectors), -1).view(np.uint32)
+    weights = np.random.default_rng(0x4C58).integers(1, 2**63, size=bits.shape[1], dtype=np.uint64) | np.uint64(1)
+    digests = np.zeros(len(bits), dtype=np.uint64)
+    for start in range(0, len(bits), 8192):
+        digests[start:start + 8192] = (bits[start:start + 8192].astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
+    return digests.view(np.int64)
 
 
 def _merge(updates: list[KnnUpdate]) -> KnnUpdate:
     return KnnUpdate(*(sum(getattr(u, name) for u in updates) for name in ("added", "removed", "recomputed", "changed")))
 
 
-def _load_knn(files: CorpusFiles) -> tuple[pl.DataFrame | None, pl.DataFrame | None, dict]:
+@dataclass
+class SavedKnn:
+    corpus: pl.DataFrame  # chunk_id, doc_id, vector_digest, words, ann_id
+    state: pl.DataFrame
+    settings: dict
+    generation: str
+    edges: pl.DataFrame | None  # None unless the edges file is of the same save
+
+
+def _load_knn(files: CorpusFiles) -> SavedKnn | None:
     """The saved corpus and lists; nothing (so a rebuild) unless both files are whole and of one save."""
     try:
         generations = {_generation(files.knn_state), _generation(files.knn_corpus)}
         state = pl.read_parquet(files.knn_state)
         corpus = pl.read_parquet(files.knn_corpus)
     except FileNotFoundError:
-        return None, None, {}
+        return None
     except (Exception, pl.exceptions.PanicException):  # a damaged file: rebuild rather than trust it
-        return None, None, {}
+        return None
     if len(generations) != 1 or None in generations:
-        return None, None, {}  # killed between writing the two files: they do not belong together
-    settings = json.loads(corpus.select(pl.col("settings").first()).item()) if corpus.height else {}
-    return corpus.drop("settings"), state, settings
+        return None  # killed between writing the two files: they do not belong together
+    try:
+        settings = json.loads(corpus.select(pl.col("settings").first()).item()) if corpus.height else {}
+    except (Exception, pl.exceptions.PanicException):
+        return None
+    if not {"chunk_id", "doc_id", "vector_digest", "words", "ann_id"} <= set(corpus.columns):
+        return None  # an older format
+    [generation] = generations
+    try:
+        edges = pl.read_parquet(files.edges) if _generation(files.edges) == generation else None
+    except (Exception, pl.exceptions.PanicException):
+        edges = None
+    return SavedKnn(corpus.drop("settings"), state, settings, generation, edges)
 
 
-# Parquet metadata key shared by the two KNN files of one save.
+def _load_ann(files: CorpusFiles, saved: SavedKnn, kept: pl.DataFrame) -> tuple[AnnIndex | None, str | None]:
+    """The saved HNSW index of this generation and the faiss id of each kept chunk; None and why not
+    when it is missing or unreadable (semantic_knn then checks its vectors against the corpus)."""
+    path = files.ann_index(saved.generation)
+    if not path.exists():
+        return None, f"no saved index {path.name}"
+    ids = kept.select("chunk_id").join(saved.corpus.select("chunk_id", "ann_id"), on="chunk_id", how="left")["ann_id"]
+    if ids.null_count():
+        return None, "the saved state has no faiss ids"
+    try:
+        import faiss
+
+        index = faiss.read_index(str(path))
+    except Exception as error:  # truncated or garbage: rebuild
+        return None, f"{path.name} unreadable ({str(error).splitlines()[0][:120]})"
+    return (index, ids.to_numpy()), None
+
+
+# Parquet metadata key shared by the KNN files (and the edges) of one save.
 KNN_GENERATION = b"lexgraph.knn_generation"
 
 
@@ -249,14 +337,98 @@ def _generation(path: Path) -> str | None:
     return value.decode() if value else None
 
 
-def _save_knn(files: CorpusFiles, current: pl.DataFrame, semantic: KnnGraph, lexical: KnnGraph, settings: dict) -> None:
-    """Two files, one save: both carry the same generation, so a pair torn by a crash is recognised."""
-    generation = uuid.uuid4().hex.encode()
+def _save_knn(files: CorpusFiles, current: pl.DataFrame, semantic: KnnGraph, lexical: KnnGraph, settings: dict,
+              edges: pl.DataFrame) -> str:
+    """One save, several files: the HNSW index (approximate mode), the lists, the corpus and the edges all
+    carry the same generation, so a set torn by a crash is recognised. The index is written first under a
+    name of its own and the older ones deleted last, so a crash leaves the previous save whole."""
+    generation = uuid.uuid4().hex
+    ann = semantic.ann_index()
+    ann_ids = pl.Series("ann_id", [None] * current.height, dtype=pl.Int64)
+    if ann is not None:
+        import faiss
+
+        path = files.ann_index(generation)
+        partial = path.with_suffix(".tmp")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        faiss.write_index(ann[0], str(partial))
+        partial.replace(path)
+        by_chunk = pl.DataFrame({"chunk_id": semantic.chunk_ids.tolist(), "ann_id": ann[1]})
+        ann_ids = current.select("chunk_id").join(by_chunk, on="chunk_id", how="left")["ann_id"]
+    corpus = current.select("chunk_id", "doc_id", "vector_digest", "words").with_columns(
+        ann_ids, pl.lit(json.dumps(settings)).alias("settings"))
     for path, frame in ((files.knn_state, pl.concat([semantic.state_frame(), lexical.state_frame()])),
-                        (files.knn_corpus, current.with_columns(pl.lit(json.dumps(settings)).alias("settings")))):
+                        (files.knn_corpus, corpus), (files.edges, edges)):
         table = frame.to_arrow()
         files.write_arrow(path, table.replace_schema_metadata({**(table.schema.metadata or {}),
-                                                              KNN_GENERATION: generation}))
+                                                              KNN_GENERATION: generation.encode()}))
+    for old in files.root.glob("knn_hnsw.*.faiss"):
+        if old.name != files.ann_index(generation).name:
+            old.unlink(missing_ok=True)
+    return generation
+
+
+EDGE_KEY = ["src", "dst", "kind"]
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        found = json.loads(path.read_text())
+        return found if isinstance(found, dict) else {}
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def _write_json(path: Path, value: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".tmp")
+    partial.write_text(json.dumps(value))
+    partial.replace(path)
+
+
+def edge_diff(before: pl.DataFrame, after: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """(removed, added, reweighted) edges between two edge sets; reweighted rows carry the new weight."""
+    joined = before.select(*EDGE_KEY, pl.col("weight").alias("old")).join(after, on=EDGE_KEY, how="full", coalesce=True)
+    removed = joined.filter(pl.col("weight").is_null()).select(*EDGE_KEY, pl.col("old").alias("weight"))
+    added = joined.filter(pl.col("old").is_null()).select(*EDGE_KEY, "weight")
+    reweighted = joined.filter(pl.col("old").is_not_null() & pl.col("weight").is_not_null()
+                               & (pl.col("old") != pl.col("weight"))).select(*EDGE_KEY, "weight")
+    return removed, added, reweighted
+
+
+def write_similarity_edges(files: CorpusFiles, graph, result: KnnResult) -> dict:
+    """Bring the graph's SIMILAR edges to `result.edges`, writing only the difference from the edges it
+    holds: the previous save's edges, less those of chunks reloaded since (a reload deletes a chunk with
+    its edges). The whole set is written instead when the graph is not known to hold the previous save
+    (first build, a crash between the save and the graph write, a torn save) or when the counts disagree
+    afterwards. Returns what was written, for run metadata."""
+    synced = _read_json(files.similar_synced).get("generation")
+    target = result.edges
+    figures = {"similar_edges_added": 0, "similar_edges_removed": 0, "similar_edges_updated": 0,
+               "similar_edges_restored": 0, "similar_edges_rewritten": False}
+    if result.previous_edges is not None and synced is not None and synced == result.previous_generation:
+        removed, added, reweighted = edge_diff(result.previous_edges, target)
+        lost = graph.chunks_without_similar_edges()
+        touches_lost = pl.col("src").is_in(lost) | pl.col("dst").is_in(lost)
+        reweighted = reweighted.filter(~touches_lost)  # a lost chunk's edges are not there to update
+        restored = target.filter(touches_lost).join(added, on=EDGE_KEY, how="anti").join(reweighted, on=EDGE_KEY,
+                                                                                         how="anti")
+        before = graph.count("SIMILAR")
+        graph.delete_similarity_edges(pl.concat([removed.filter(~touches_lost), reweighted]).select(EDGE_KEY))
+        deleted = before - graph.count("SIMILAR")
+        graph.add_similarity_edges(pl.concat([added, reweighted, restored]))
+        figures.update(similar_edges_added=added.height + restored.height, similar_edges_removed=deleted - reweighted.height,
+                       similar_edges_updated=reweighted.height, similar_edges_restored=restored.height)
+        if graph.count("SIMILAR") == target.height:
+            _write_json(files.similar_synced, {"generation": result.generation})
+            return figures
+        figures["similar_edges_mismatch"] = True  # the graph held something else: write it whole
+    before = graph.count("SIMILAR")
+    graph.replace_similarity_edges(target)
+    figures.update(similar_edges_added=target.height, similar_edges_removed=before, similar_edges_updated=0,
+                   similar_edges_restored=0, similar_edges_rewritten=True)
+    _write_json(files.similar_synced, {"generation": result.generation})
+    return figures
 
 
 def compute_pagerank(files: CorpusFiles, chunks: pl.DataFrame, edges: pl.DataFrame) -> pl.DataFrame:
@@ -304,76 +476,115 @@ class KeywordIndexResult:
     added: list[str]
     removed: list[str]
     updated: list[str]
+    previous_keywords: list[str] = field(default_factory=list)  # of the index this update started from
+    touched: list[str] = field(default_factory=list)  # keywords whose sums changed
+    links: pl.DataFrame | None = None  # keyword→chunk links of `link_docs`, read for this update
+    link_docs: list[str] = field(default_factory=list)  # added and updated documents
+    link_counts: dict[str, int] = field(default_factory=dict)  # doc_id -> its keyword→chunk links, every document
+    docs_read: int = 0  # documents whose stats or links were read
+    generation: str = ""  # of the saved index (a digest of the contributions it includes)
+    previous_generation: str | None = None  # None when the update started from nothing
 
 
 def update_keyword_index(files: CorpusFiles, store: ExtractStore, doc_ids: list[str], dimension: int) -> KeywordIndexResult:
     """Add the stats of new or changed documents and subtract those of changed or removed ones.
 
-    Each document's stats are kept as they were added (keyword_contrib/<doc>.<hash>.parquet), so a
-    removed document can be subtracted after its own files are gone. Crash-safe and idempotent: the
-    index file lists the contributions it holds (in its Parquet metadata) and is replaced atomically,
+    Each document's stats are kept as they were added (keyword_contrib/<doc>.<signature>.parquet), so a
+    removed document can be subtracted after its own files are gone. A document counts as changed when
+    its stats file's size or modification time did (every write replaces the file), so unchanged ones
+    are not read. Crash-safe and idempotent: the index file lists the contributions it holds (in its
+    Parquet metadata, with each document's number of keyword links) and is replaced atomically,
     contributions are written before it and deleted only after it, so a process killed anywhere leaves
     an index that agrees with its list, and the next update does exactly what is still missing.
     """
     current = sorted(set(doc_ids) & set(store.doc_ids(KEYWORD_STATS)))
-    hashes = {d: _file_hash(store.path(KEYWORD_STATS, d)) for d in current}
-    index, included = _load_keyword_index(files, dimension)
+    hashes = {d: _stats_signature(store.path(KEYWORD_STATS, d)) for d in current}
+    index, included, link_counts = _load_keyword_index(files, dimension)
     if included is None or any(included[d] != hashes.get(d) and not _contribution(files, d, included[d]).exists()
                                for d in included):
         # no index, an index without its list, or a contribution to subtract is gone: start over
-        index, included = kw.empty_keyword_index(dimension), {}
-    added, removed, updated = [], [], []
+        index, included, link_counts = kw.empty_keyword_index(dimension), {}, {}
+        previous_generation = None
+    else:
+        previous_generation = _contributions_digest(included)
+    result = KeywordIndexResult(index, [], [], [], previous_keywords=index["keyword"].to_list(),
+                                previous_generation=previous_generation)
+    touched: set[str] = set()
     for doc_id in sorted(set(included) | set(hashes)):
         old, new = included.get(doc_id), hashes.get(doc_id)
         if old == new:
             continue
         if old is not None:
-            index = kw.subtract_keyword_stats(index, pl.read_parquet(_contribution(files, doc_id, old)))
+            contribution = pl.read_parquet(_contribution(files, doc_id, old))
+            index = kw.subtract_keyword_stats(index, contribution)
+            touched.update(contribution["keyword"].to_list())
         if new is not None:
             stats = store.read(KEYWORD_STATS, doc_id)
             index = kw.add_keyword_stats(index, stats)
+            touched.update(stats["keyword"].to_list())
             files.write(_contribution(files, doc_id, new), stats)
-        (updated if old is not None and new is not None else added if new is not None else removed).append(doc_id)
+        (result.updated if old is not None and new is not None else result.added if new is not None
+         else result.removed).append(doc_id)
+    # links are read for changed documents, and for any whose count an older index did not keep
+    result.link_docs = sorted(set(result.added) | set(result.updated) | (set(current) - set(link_counts)))
+    per_doc = {d: keyword_chunk_links(store, [d]) for d in result.link_docs}
+    result.links = pl.concat(per_doc.values()) if per_doc else keyword_chunk_links(store, [])
+    result.link_counts = {d: per_doc[d].height if d in per_doc else int(link_counts[d]) for d in current}
+    result.docs_read = len(result.link_docs)
     crash_point(KEYWORD_INDEX)
-    _write_keyword_index(files, index, hashes)
+    _write_keyword_index(files, index, hashes, result.link_counts)
     keep = {_contribution(files, d, h).name for d, h in hashes.items()}
     for path in files.keyword_contrib.glob("*"):
         if path.name not in keep:
             path.unlink(missing_ok=True)
-    return KeywordIndexResult(index, added, removed, updated)
+    result.index, result.touched = index, sorted(touched)
+    result.generation = _contributions_digest(hashes)
+    return result
 
 
-# Parquet metadata key of the keyword index: {doc_id: hash of the stats it includes}.
+# Parquet metadata keys of the keyword index: {doc_id: signature of the stats it includes} and
+# {doc_id: number of keyword→chunk links}.
 KEYWORD_CONTRIBUTIONS = b"lexgraph.keyword_contributions"
+KEYWORD_LINKS = b"lexgraph.keyword_links"
 
 
-def _file_hash(path: Path) -> str:
-    return content_hash(path.read_bytes())[:16]
+def _stats_signature(path: Path) -> str:
+    """Size and modification time of a stats file: cheap, and every write replaces the file."""
+    stat = path.stat()
+    return content_hash(f"{stat.st_size}|{stat.st_mtime_ns}")[:16]
+
+
+def _contributions_digest(included: dict[str, str]) -> str:
+    return content_hash(json.dumps(included, sort_keys=True))[:16]
 
 
 def _contribution(files: CorpusFiles, doc_id: str, digest: str) -> Path:
     return files.keyword_contrib / f"{doc_id}.{digest}.parquet"
 
 
-def _load_keyword_index(files: CorpusFiles, dimension: int) -> tuple[pl.DataFrame, dict[str, str] | None]:
-    """The saved index and the contributions it includes; None for those when it cannot be trusted."""
+def _load_keyword_index(files: CorpusFiles, dimension: int) -> tuple[pl.DataFrame, dict[str, str] | None, dict[str, int]]:
+    """The saved index, the contributions it includes and each document's link count; None for the
+    contributions when it cannot be trusted."""
     try:
         listed = pq.read_schema(files.keyword_index).metadata or {}
         included = json.loads(listed[KEYWORD_CONTRIBUTIONS]) if KEYWORD_CONTRIBUTIONS in listed else None
+        link_counts = json.loads(listed[KEYWORD_LINKS]) if KEYWORD_LINKS in listed else {}
         index = pl.read_parquet(files.keyword_index)
     except FileNotFoundError:
-        return kw.empty_keyword_index(dimension), None
+        return kw.empty_keyword_index(dimension), None, {}
     except (Exception, pl.exceptions.PanicException):  # a damaged file is rebuilt, not trusted
-        return kw.empty_keyword_index(dimension), None
+        return kw.empty_keyword_index(dimension), None, {}
     if included is not None and index.height and index["vector_sum"].dtype.shape[0] != dimension:
         included = None  # another embedding width: the sums cannot be combined
-    return index, included
+    return index, included, link_counts
 
 
-def _write_keyword_index(files: CorpusFiles, index: pl.DataFrame, included: dict[str, str]) -> None:
+def _write_keyword_index(files: CorpusFiles, index: pl.DataFrame, included: dict[str, str],
+                         link_counts: dict[str, int]) -> None:
     table = index.to_arrow()
     files.write_arrow(files.keyword_index, table.replace_schema_metadata(
-        {**(table.schema.metadata or {}), KEYWORD_CONTRIBUTIONS: json.dumps(included, sort_keys=True).encode()}))
+        {**(table.schema.metadata or {}), KEYWORD_CONTRIBUTIONS: json.dumps(included, sort_keys=True).encode(),
+         KEYWORD_LINKS: json.dumps(link_counts, sort_keys=True).encode()}))
 
 
 def keyword_chunk_links(store: ExtractStore, doc_ids: list[str]) -> pl.DataFrame:
@@ -381,3 +592,71 @@ def keyword_chunk_links(store: ExtractStore, doc_ids: list[str]) -> pl.DataFrame
     frames = [kw.keyword_chunk_edges(store.read(KEYWORDS, d)) for d in doc_ids if store.exists(KEYWORDS, d)]
     return pl.concat(frames) if frames else pl.DataFrame(
         schema={"keyword": pl.String, "chunk_id": pl.String, "sentence_count": pl.Int32})
+
+
+def write_keyword_index(files: CorpusFiles, store: ExtractStore, graph, vectors, result: KeywordIndexResult) -> dict:
+    """Bring the graph's Keyword nodes and KEYWORD_IN edges and the LanceDB keyword vectors to `result`,
+    writing only what changed: keywords that appeared or went, the links of added and changed documents,
+    the vectors of keywords whose sums moved. Documents reloaded since (a reload deletes their chunks'
+    links) are found by their link counts and written again. Everything is written instead when the
+    stores are not known to hold the previous index (first build, a crash between the save and the
+    writes) or when the counts disagree afterwards. Returns what was written, for run metadata."""
+    synced = _read_json(files.keywords_synced).get("generation")
+    figures = {"keywords_added": 0, "keywords_removed": 0, "keyword_links_written": 0, "keyword_links_deleted": 0,
+               "keyword_vectors_written": 0, "keyword_vectors_deleted": 0, "keyword_docs_read": result.docs_read,
+               "keywords_rewritten": False}
+    keywords = result.index["keyword"].to_list()
+    if result.previous_generation is not None and synced == result.previous_generation \
+            and _keyword_graph_diff(store, graph, result, figures) \
+            and _keyword_vector_diff(vectors, result, figures):
+        _write_json(files.keywords_synced, {"generation": result.generation})
+        return figures
+    before_links, before_vectors = graph.count("KEYWORD_IN"), vectors.count("keywords")
+    links = keyword_chunk_links(store, sorted(result.link_counts))
+    graph.replace_keywords(result.index["keyword"], links)
+    vectors.replace_keywords(kw.keyword_vectors(result.index))
+    figures.update(keywords_added=len(keywords), keywords_removed=len(result.previous_keywords),
+                   keyword_links_written=links.height, keyword_links_deleted=before_links,
+                   keyword_vectors_written=len(keywords), keyword_vectors_deleted=before_vectors,
+                   keyword_docs_read=len(result.link_counts), keywords_rewritten=True)
+    _write_json(files.keywords_synced, {"generation": result.generation})
+    return figures
+
+
+def _keyword_graph_diff(store: ExtractStore, graph, result: KeywordIndexResult, figures: dict) -> bool:
+    """Write the graph's share of the difference; False when the graph does not add up afterwards."""
+    old, new = set(result.previous_keywords), set(result.index["keyword"].to_list())
+    start = graph.count("KEYWORD_IN")
+    graph.delete_keywords(sorted(old - new))
+    graph.add_keywords(sorted(new - old))
+    graph.delete_keyword_links(result.link_docs + result.removed)
+    deleted = start - graph.count("KEYWORD_IN")
+    graph.add_keyword_links(result.links)
+    written = result.links.height
+    expected = sum(result.link_counts.values())
+    if graph.count("KEYWORD_IN") != expected:
+        # documents reloaded since the last update lost their chunks' links: find them and write them again
+        held = graph.keyword_links_per_document()
+        short = sorted(d for d, n in result.link_counts.items() if held.get(d, 0) != n)
+        graph.delete_keyword_links(short)
+        again = keyword_chunk_links(store, short)
+        graph.add_keyword_links(again)
+        written += again.height
+        figures["keyword_docs_read"] += len(short)
+        figures["keyword_docs_restored"] = len(short)
+    figures.update(keywords_added=len(new - old), keywords_removed=len(old - new), keyword_links_written=written,
+                   keyword_links_deleted=deleted)
+    return graph.count("KEYWORD_IN") == expected and graph.count("Keyword") == len(new)
+
+
+def _keyword_vector_diff(vectors, result: KeywordIndexResult, figures: dict) -> bool:
+    """Upsert the vectors of keywords whose sums changed and delete those that went; False when the table
+    is missing, of another width, or does not add up afterwards."""
+    width = result.index["vector_sum"].dtype.shape[0]
+    if vectors.keyword_dimension() != width:
+        return False
+    gone = sorted(set(result.previous_keywords) - set(result.index["keyword"].to_list()))
+    changed = result.index.filter(pl.col("keyword").is_in(result.touched))
+    vectors.upsert_keywords(kw.keyword_vectors(changed), gone)
+    figures.update(keyword_vectors_written=changed.height, keyword_vectors_deleted=len(gone))
+    return vectors.count("keywords") == result.index.height

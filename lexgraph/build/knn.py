@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import asdict, dataclass
-from typing import Iterable, Literal, Sequence
+from typing import Callable, Iterable, Literal, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -62,6 +62,14 @@ _WORD_ROW_BLOCK = 128  # query rows per sparse lexical product: up to ~rows x wo
 _PAIR_BLOCK = 4096  # pairs rescored at once (and HNSW queries per call)
 _EMPTY = -1  # unused neighbour slot
 _GONE = -2  # slot whose neighbour was removed: that list must be searched again
+
+
+class AnnIndexError(ValueError):
+    """A saved ANN index that does not belong to the corpus it is loaded with."""
+
+
+# A saved HNSW index and the faiss id of each of its chunks (same order as the chunk ids given with it).
+AnnIndex = tuple[object, np.ndarray]
 
 
 def _top_k(rows: np.ndarray, cols: np.ndarray, sims: np.ndarray, k: int) -> tuple[np.ndarray, ...]:
@@ -131,6 +139,33 @@ class _Hnsw:
         self._reset()
         self.insert(np.zeros(0, dtype=np.int64), np.arange(len(unit)), unit)
 
+    def faiss_ids(self, count: int) -> np.ndarray:
+        """faiss id of each corpus position: with the index, what a later process needs to reuse it."""
+        ids = np.full(count, -1, dtype=np.int64)
+        live = np.flatnonzero(self.position >= 0)
+        ids[self.position[live]] = live
+        return ids
+
+    def adopt(self, index: object, faiss_ids: np.ndarray, unit: Callable[[np.ndarray], np.ndarray]) -> None:
+        """Use a saved index in which faiss id ``faiss_ids[p]`` holds corpus position p (ids not listed are
+        dead). Raises AnnIndexError unless it holds exactly these vectors there: wrong positions would
+        silently give wrong neighbours."""
+        faiss = self._faiss
+        if not isinstance(index, faiss.IndexHNSWFlat) or index.d != self._dim \
+                or index.metric_type != faiss.METRIC_INNER_PRODUCT:
+            raise AnnIndexError(f"not an inner-product HNSW index of dimension {self._dim}")
+        total = int(index.ntotal)
+        if len(faiss_ids) and (int(faiss_ids.min()) < 0 or int(faiss_ids.max()) >= total
+                               or len(np.unique(faiss_ids)) != len(faiss_ids)):
+            raise AnnIndexError(f"its {total} vectors do not match the saved position map")
+        for rows in _blocks(np.arange(len(faiss_ids)), _COL_BLOCK):
+            if not np.array_equal(index.reconstruct_batch(faiss_ids[rows]), unit(rows)):
+                raise AnnIndexError("it holds other vectors than the corpus at the saved positions")
+        index.hnsw.efConstruction = self._ef_construction
+        self.index = index
+        self.position = np.full(total, -1, dtype=np.int64)
+        self.position[faiss_ids] = np.arange(len(faiss_ids))
+
     def search(self, queries: np.ndarray, k: int) -> np.ndarray:
         """Corpus positions of up to k live nearest vectors per query; -1 where fewer exist."""
         width = min(k, int(np.count_nonzero(self.position >= 0)))
@@ -157,6 +192,7 @@ class _VectorCorpus:
             raise ValueError(f"mode must be 'exact' or 'approx', got {mode!r}")
         self.grid = np.zeros((0, dim), dtype=np.int32)
         self.hnsw = _Hnsw(dim) if mode == "approx" else None
+        self.ann_status = "exact" if self.hnsw is None else "rebuilt: built from the vectors"
 
     def _quantise(self, vectors: npt.ArrayLike, count: int) -> np.ndarray:
         array = np.asarray(vectors)
@@ -174,15 +210,42 @@ class _VectorCorpus:
     def _unit(self, rows: np.ndarray) -> np.ndarray:
         return self.grid[rows].astype(np.float32) * np.float32(1.0 / _GRID)
 
-    def insert(self, old_to_new: np.ndarray, new_positions: np.ndarray, vectors: npt.ArrayLike) -> np.ndarray:
+    def _place(self, old_to_new: np.ndarray, new_positions: np.ndarray, vectors: npt.ArrayLike) -> None:
         added = self._quantise(vectors, len(new_positions))
         grid = np.empty((len(old_to_new) + len(new_positions), self.grid.shape[1]), dtype=np.int32)
         grid[old_to_new] = self.grid
         grid[new_positions] = added
         self.grid = grid
+
+    def insert(self, old_to_new: np.ndarray, new_positions: np.ndarray, vectors: npt.ArrayLike) -> np.ndarray:
+        self._place(old_to_new, new_positions, vectors)
         if self.hnsw is not None:
             self.hnsw.insert(old_to_new, new_positions, self._unit(new_positions))
         return np.zeros(0, dtype=np.int64)  # an embedding never changes another chunk's similarities
+
+    def load(self, positions: np.ndarray, vectors: npt.ArrayLike, ann: AnnIndex | None) -> None:
+        """Place saved chunks without searching; reuse a saved ANN index when it matches them."""
+        self._place(np.zeros(0, dtype=np.int64), positions, vectors)
+        if self.hnsw is None:
+            return
+        reason = "no saved index"
+        if ann is not None:
+            faiss_ids = np.empty(len(positions), dtype=np.int64)
+            faiss_ids[positions] = np.asarray(ann[1], dtype=np.int64)
+            try:
+                self.hnsw.adopt(ann[0], faiss_ids, self._unit)
+                if not self.hnsw.mostly_dead():
+                    self.ann_status = "loaded"
+                    return
+                reason = "a quarter of its vectors were removed"
+            except AnnIndexError as error:
+                reason = f"saved index refused: {error}"
+        self.hnsw.rebuild(self._unit(np.arange(len(self.grid))))
+        self.ann_status = f"rebuilt: {reason}"
+
+    def ann_index(self) -> AnnIndex | None:
+        """The HNSW index and the faiss id of each chunk position, to save (None in exact mode)."""
+        return None if self.hnsw is None else (self.hnsw.index, self.hnsw.faiss_ids(len(self.grid)))
 
     def delete(self, old_to_new: np.ndarray) -> np.ndarray:
         self.grid = self.grid[old_to_new >= 0]
@@ -190,6 +253,7 @@ class _VectorCorpus:
             self.hnsw.forget(old_to_new)
             if self.hnsw.mostly_dead():
                 self.hnsw.rebuild(self._unit(np.arange(len(self.grid))))
+                self.ann_status = "rebuilt: a quarter of its vectors were removed"
         return np.zeros(0, dtype=np.int64)
 
     def search(self, rows: np.ndarray, k: int) -> Triples:
@@ -314,6 +378,14 @@ class _WordCorpus:
         self._cache = None
         return self._flipped(old_df, new_positions)
 
+    ann_status = "exact"
+
+    def load(self, positions: np.ndarray, words: Sequence[Iterable[str]], ann: AnnIndex | None) -> None:
+        self.insert(np.zeros(0, dtype=np.int64), positions, words)
+
+    def ann_index(self) -> None:
+        return None
+
     def delete(self, old_to_new: np.ndarray) -> np.ndarray:
         keep = old_to_new >= 0
         old_df = self.df.copy()
@@ -391,6 +463,7 @@ class KnnGraph:
         self.chunk_ids = np.zeros(0, dtype=str)
         self._neighbors = np.full((0, k), _EMPTY, dtype=np.int64)
         self._sims = np.zeros((0, k))
+        self.last_update = KnnUpdate(0, 0, 0, 0)
 
     def __len__(self) -> int:
         return len(self.chunk_ids)
@@ -469,27 +542,52 @@ class KnnGraph:
         return slot.astype(np.int64)
 
     def _restore(
-        self, chunk_ids: Sequence[str], data: npt.ArrayLike | Sequence[Iterable[str]], state: pl.DataFrame
+        self,
+        chunk_ids: Sequence[str],
+        data: npt.ArrayLike | Sequence[Iterable[str]],
+        state: pl.DataFrame,
+        removed: Sequence[str] = (),
+        ann: AnnIndex | None = None,
     ) -> None:
-        """Load saved lists instead of searching; the corpus must be the one the state was saved with."""
+        """Load saved lists instead of searching; the corpus must be the one the state was saved with,
+        less ``removed`` (chunks the state names whose data is gone): the lists that held those are
+        searched again, and ``last_update`` says what that did."""
         ids = _as_ids(chunk_ids)
         order = np.argsort(ids, kind="stable")
         target = np.empty(len(ids), dtype=np.int64)
         target[order] = np.arange(len(ids))
-        self._corpus.insert(np.zeros(0, dtype=np.int64), target, data)  # type: ignore[arg-type]
+        self._corpus.load(target, data, ann)  # type: ignore[arg-type]
         self._move(np.zeros(0, dtype=np.int64), ids[order])
         missing = set(STATE_SCHEMA) - set(state.columns)
         if missing:
             raise ValueError(f"state frame lacks columns {sorted(missing)}")
-        rows = state.filter(pl.col("kind") == self.kind)
+        gone = _as_ids(removed)
+        if len(np.intersect1d(gone, ids)):
+            raise ValueError("a removed chunk id is also among the chunks to restore")
+        rows = state.filter((pl.col("kind") == self.kind) & ~pl.col("chunk_id").is_in(gone.tolist()))
         rank = rows["rank"].to_numpy().astype(np.int64)
         if len(rank) and (rank.min() < 0 or rank.max() >= self.k):
             raise ValueError(f"state ranks must lie in [0, {self.k}): was it saved with another k?")
         owner = self._positions(rows["chunk_id"].to_numpy().astype(str))
         if len(np.unique(owner * self.k + rank)) != len(rank):
             raise ValueError("state frame repeats a (chunk_id, rank) pair")
-        self._neighbors[owner, rank] = self._positions(rows["neighbor_id"].to_numpy().astype(str))
+        neighbor_ids = rows["neighbor_id"].to_numpy().astype(str)
+        was_removed = np.isin(neighbor_ids, gone)
+        neighbors = np.full(len(neighbor_ids), _GONE, dtype=np.int64)
+        neighbors[~was_removed] = self._positions(neighbor_ids[~was_removed])
+        self._neighbors[owner, rank] = neighbors
         self._sims[owner, rank] = rows["sim"].to_numpy()
+        self.last_update = self._refresh(np.zeros(0, dtype=np.int64), added=0, removed=len(gone)) if len(gone) \
+            else KnnUpdate(0, 0, 0, 0)
+
+    @property
+    def ann_status(self) -> str:
+        """How the ANN index was obtained: "exact" (none), "loaded" (a saved one) or "rebuilt: <why>"."""
+        return self._corpus.ann_status
+
+    def ann_index(self) -> AnnIndex | None:
+        """The ANN index (approximate semantic graphs only) and the faiss id of each of ``chunk_ids``."""
+        return self._corpus.ann_index()
 
     def state_frame(self) -> pl.DataFrame:
         """The directed lists, one row per (chunk, neighbour), to persist as Parquet."""
@@ -536,19 +634,24 @@ def semantic_knn(
     *,
     mode: Mode = "exact",
     state: pl.DataFrame | None = None,
+    removed: Sequence[str] = (),
+    ann_index: AnnIndex | None = None,
 ) -> KnnGraph:
     """Semantic KNN graph over L2-normalised embeddings [n, d] (cosine = dot product).
 
     ``mode="exact"`` is blocked brute force (memory O(block·n), never n x n) and its updates equal
     a rebuild; ``mode="approx"`` finds candidates with faiss HNSW (for large n) and scores them
-    exactly. With ``state`` (a :meth:`KnnGraph.state_frame`), the lists are loaded, not searched.
+    exactly. With ``state`` (a :meth:`KnnGraph.state_frame`), the lists are loaded, not searched;
+    ``removed`` names chunks of the state that are gone (no vector needed), and ``ann_index`` is a
+    saved :meth:`KnnGraph.ann_index` to reuse instead of building one (checked against the vectors;
+    rebuilt when it does not match, as ``ann_status`` then says).
     """
     dim = np.asarray(vectors).shape[-1] if np.ndim(vectors) == 2 else 0
     graph = KnnGraph(_VectorCorpus(dim, mode), k)
     if state is None:
         graph.add(chunk_ids, vectors)
     else:
-        graph._restore(chunk_ids, vectors, state)
+        graph._restore(chunk_ids, vectors, state, removed, ann_index)
     return graph
 
 

@@ -155,9 +155,33 @@ class GraphStore:
         self._copy("NEXT", next_edges)
 
     def replace_similarity_edges(self, edges: pl.DataFrame) -> None:
-        """The KNN graph as SIMILAR edges (src < dst, kind, weight); edges to unknown chunks are skipped."""
-        self.conn.execute("MATCH ()-[r:SIMILAR]->() DELETE r")
+        """The whole KNN graph as SIMILAR edges (src < dst, kind, weight); every chunk must be in the graph."""
+        self._recreate("SIMILAR")
+        self.add_similarity_edges(edges)
+
+    def add_similarity_edges(self, edges: pl.DataFrame) -> None:
+        """Bulk-copy SIMILAR edges (src, dst, kind, weight); both chunks must be in the graph."""
         self._copy("SIMILAR", edges.select(pl.col("src").alias("from"), pl.col("dst").alias("to"), "kind", "weight"))
+
+    def delete_similarity_edges(self, edges: pl.DataFrame) -> None:
+        """Delete these SIMILAR edges (src, dst, kind); ones not in the graph are ignored."""
+        if edges.height:
+            rows = edges.select("src", "dst", "kind").to_arrow()  # noqa: F841 (scanned by name)
+            self.conn.execute("LOAD FROM rows MATCH (a:Chunk {id: src})-[r:SIMILAR]->(b:Chunk {id: dst}) "
+                              "WHERE r.kind = kind DELETE r")
+
+    def chunks_without_similar_edges(self) -> list[str]:
+        """Chunks with no SIMILAR edge: a reloaded document's chunks lose all theirs."""
+        found = self.query("MATCH (c:Chunk) WHERE NOT EXISTS { MATCH (c)-[:SIMILAR]-(:Chunk) } RETURN c.id AS id")
+        return found["id"].to_list() if found.height else []
+
+    def _recreate(self, *tables: str) -> None:
+        """Empty tables by dropping and creating them again: deleting millions of rows one by one takes
+        minutes, dropping a table milliseconds. Rel tables first (a node table with rels cannot go)."""
+        for table in tables:
+            self.conn.execute(f"DROP TABLE IF EXISTS {table}")
+        for table in reversed(tables):
+            self.conn.execute(next(s for s in SCHEMA if f" {table}(" in s))
 
     def set_chunk_scores(self, scores: pl.DataFrame) -> None:
         """PageRank and skeleton membership onto Chunk nodes (chunk_id, pagerank, selected)."""
@@ -167,10 +191,32 @@ class GraphStore:
 
     def replace_keywords(self, keywords: pl.Series, links: pl.DataFrame) -> None:
         """Keyword nodes and keyword→chunk edges (keyword, chunk_id, sentence_count) for the whole corpus."""
-        self.conn.execute("MATCH (k:Keyword) DETACH DELETE k")
-        self._copy("Keyword", pl.DataFrame({"id": keywords}))
+        self._recreate("KEYWORD_IN", "Keyword")
+        self.add_keywords(keywords.to_list())
+        self.add_keyword_links(links)
+
+    def add_keywords(self, keywords: list[str]) -> None:
+        self._copy("Keyword", pl.DataFrame({"id": keywords}, schema={"id": pl.String}))
+
+    def delete_keywords(self, keywords: list[str], batch: int = 20_000) -> None:
+        """Delete Keyword nodes with their links."""
+        for start in range(0, len(keywords), batch):
+            self.conn.execute("MATCH (k:Keyword) WHERE k.id IN $ids DETACH DELETE k", {"ids": keywords[start:start + batch]})
+
+    def add_keyword_links(self, links: pl.DataFrame) -> None:
+        """Bulk-copy KEYWORD_IN edges (keyword, chunk_id, sentence_count); both ends must be in the graph."""
         self._copy("KEYWORD_IN", links.select(pl.col("keyword").alias("from"), pl.col("chunk_id").alias("to"),
                                               pl.col("sentence_count").cast(pl.Int64).alias("occurrences")))
+
+    def delete_keyword_links(self, doc_ids: list[str]) -> None:
+        """Delete the KEYWORD_IN edges of these documents' chunks."""
+        if doc_ids:
+            self.conn.execute("MATCH (:Keyword)-[r:KEYWORD_IN]->(c:Chunk) WHERE c.doc_id IN $ids DELETE r", {"ids": doc_ids})
+
+    def keyword_links_per_document(self) -> dict[str, int]:
+        """doc_id -> number of KEYWORD_IN edges into its chunks."""
+        found = self.query("MATCH (:Keyword)-[r:KEYWORD_IN]->(c:Chunk) RETURN c.doc_id AS doc_id, count(r) AS n")
+        return dict(zip(found["doc_id"].to_list(), found["n"].to_list())) if found.height else {}
 
     def replace_lexical_graph(self, nodes: dict[str, pl.DataFrame], edges: dict[str, pl.DataFrame]) -> None:
         """The whole lexical graph at once: every Statement, Topic, Fact and Entity node (with their edges) is

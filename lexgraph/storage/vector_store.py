@@ -117,6 +117,20 @@ class VectorStore:
         data = keywords.select("keyword", "sentence_count", "vector").to_arrow().cast(schema)
         self.db.create_table(KEYWORDS, data=data, schema=schema, mode="overwrite")
 
+    def upsert_keywords(self, keywords: pl.DataFrame, removed: list[str]) -> None:
+        """Insert or update these keyword vectors (keyword, vector, sentence_count) and delete the removed
+        keywords; the table must exist (replace_keywords creates it)."""
+        table = self._table(KEYWORDS)
+        if keywords.height:
+            data = keywords.select("keyword", "sentence_count", "vector").to_arrow().cast(table.schema)
+            table.merge_insert("keyword").when_matched_update_all().when_not_matched_insert_all().execute(data)
+        self.delete_rows(KEYWORDS, "keyword", removed)
+
+    def keyword_dimension(self) -> int | None:
+        """Width of the stored keyword vectors (None before the table exists)."""
+        table = self._table(KEYWORDS)
+        return None if table is None else table.schema.field("vector").type.list_size
+
     def known_vectors(self, name: str, key: str, text: str) -> pl.DataFrame:
         """key, text and vector of every row of a table (none when the table does not exist yet), so a
         rebuild embeds only new or changed texts."""
