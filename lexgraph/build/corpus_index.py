@@ -263,7 +263,7 @@ def _read_words(words_of: Callable[[pl.DataFrame], pl.DataFrame], chunks: pl.Dat
 def vector_digests(vectors: np.ndarray) -> np.ndarray:
     """One int64 per row that changes whenever any component's bits do (a weighted sum mod 2^64 with odd
     weights): how a kept chunk whose embedding changed is told apart without keeping a copy of the vectors."""
-    bits = np.ascontiguousarray(vectors, dtype=np.float32).reshape(len(vectors), -1).view(np.uint32)
+    bits = np.ascontiguousarray(vectors, dtype=np.float32).view(np.uint32)  # [n, d]; (0, d) when empty
     weights = np.random.default_rng(0x4C58).integers(1, 2**63, size=bits.shape[1], dtype=np.uint64) | np.uint64(1)
     digests = np.zeros(len(bits), dtype=np.uint64)
     for start in range(0, len(bits), 8192):
@@ -477,7 +477,8 @@ class KeywordIndexResult:
     removed: list[str]
     updated: list[str]
     previous_keywords: list[str] = field(default_factory=list)  # of the index this update started from
-    touched: list[str] = field(default_factory=list)  # keywords whose sums changed
+    touched: list[str] = field(default_factory=list)  # keywords whose sums or counts changed
+    previous_index: pl.DataFrame | None = None
     links: pl.DataFrame | None = None  # keyword→chunk links of `link_docs`, read for this update
     link_docs: list[str] = field(default_factory=list)  # added and updated documents
     link_counts: dict[str, int] = field(default_factory=dict)  # doc_id -> its keyword→chunk links, every document
@@ -508,7 +509,7 @@ def update_keyword_index(files: CorpusFiles, store: ExtractStore, doc_ids: list[
     else:
         previous_generation = _contributions_digest(included)
     result = KeywordIndexResult(index, [], [], [], previous_keywords=index["keyword"].to_list(),
-                                previous_generation=previous_generation)
+                                previous_generation=previous_generation, previous_index=index)
     touched: set[str] = set()
     for doc_id in sorted(set(included) | set(hashes)):
         old, new = included.get(doc_id), hashes.get(doc_id)
@@ -537,9 +538,19 @@ def update_keyword_index(files: CorpusFiles, store: ExtractStore, doc_ids: list[
     for path in files.keyword_contrib.glob("*"):
         if path.name not in keep:
             path.unlink(missing_ok=True)
-    result.index, result.touched = index, sorted(touched)
+    result.index, result.touched = index, _changed_keywords(result.previous_index, index, touched)
     result.generation = _contributions_digest(hashes)
     return result
+
+
+def _changed_keywords(before: pl.DataFrame, after: pl.DataFrame, touched: set[str]) -> list[str]:
+    """Keywords of `after` among `touched` whose sum or count differs from `before` (or that are new):
+    a document changed elsewhere subtracts and adds back the same sums for its other keywords."""
+    pick = lambda frame: frame.filter(pl.col("keyword").is_in(sorted(touched)))  # noqa: E731
+    joined = pick(after).join(pick(before), on="keyword", how="left", suffix="_before")
+    differs = (pl.col("sentence_count_before").is_null() | (pl.col("sentence_count") != pl.col("sentence_count_before"))
+               | (pl.col("vector_sum") != pl.col("vector_sum_before")))
+    return sorted(joined.filter(differs)["keyword"].to_list())
 
 
 # Parquet metadata keys of the keyword index: {doc_id: signature of the stats it includes} and
