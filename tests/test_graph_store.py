@@ -42,3 +42,46 @@ def test_replace_documents_is_idempotent(tmp_path):
         after = {t: graph.count(t) for t in ("Source", "Chunk", "PART_OF", "NEXT")}
     assert counts == {"Source": 1, "Chunk": 2, "PART_OF": 2, "NEXT": 1}
     assert after == {"Source": 0, "Chunk": 0, "PART_OF": 0, "NEXT": 0}
+
+
+def _two_documents(graph: GraphStore) -> None:
+    for doc, names in (("d1", ["d1-a", "d1-b"]), ("d2", ["d2-a"])):
+        sources = pl.DataFrame({"id": [doc], "uri": [f"file:///{doc}"], "relative_path": [f"{doc}.md"], "title": [doc],
+                                "format": ["markdown"], "content_hash": ["h"], "version": ["v"], "size_bytes": [3],
+                                "ingested_at": [datetime(2026, 1, 1, tzinfo=timezone.utc)]})
+        chunks = pl.DataFrame({"chunk_id": names, "doc_id": [doc] * len(names), "order": list(range(len(names))),
+                               "text": names, "char_start": [0] * len(names), "char_end": [1] * len(names),
+                               "heading_path": [""] * len(names), "token_count": [1] * len(names)})
+        graph.replace_documents(sources, chunks)
+
+
+def test_similarity_and_keyword_diffs_and_what_a_reload_takes_with_it(tmp_path):
+    edges = pl.DataFrame({"src": ["d1-a", "d1-a", "d1-b"], "dst": ["d1-b", "d2-a", "d2-a"],
+                          "kind": ["semantic", "lexical", "semantic"], "weight": [0.9, 0.5, 0.4]})
+    links = pl.DataFrame({"keyword": ["bergen", "kiel", "bergen"], "chunk_id": ["d1-a", "d1-b", "d2-a"],
+                          "sentence_count": [1, 2, 1]})
+    with GraphStore.writer(tmp_path / "g.kuzu") as graph:
+        _two_documents(graph)
+        graph.replace_similarity_edges(edges)
+        graph.replace_keywords(pl.Series(["bergen", "kiel"]), links)
+        # deleting matches (src, dst, kind): the same pair of another kind and unknown edges stay untouched
+        graph.delete_similarity_edges(pl.DataFrame({"src": ["d1-a", "d1-a", "nope"], "dst": ["d2-a", "d1-b", "d2-a"],
+                                                    "kind": ["semantic", "semantic", "semantic"]}))
+        assert graph.count("SIMILAR") == 2 and graph.chunks_without_similar_edges() == []
+        graph.delete_keywords(["kiel"])
+        assert graph.count("Keyword") == 1 and graph.keyword_links_per_document() == {"d1": 1, "d2": 1}
+        # reloading the documents (same content) deletes their chunks with their SIMILAR and KEYWORD_IN edges
+        _two_documents(graph)
+        assert sorted(graph.chunks_without_similar_edges()) == ["d1-a", "d1-b", "d2-a"]
+        assert graph.count("SIMILAR") == 0 and graph.keyword_links_per_document() == {}
+        graph.add_similarity_edges(edges.head(1))
+        graph.add_keyword_links(links.tail(1))
+        graph.delete_keyword_links(["d1"])  # not d2's
+        assert graph.keyword_links_per_document() == {"d2": 1} and graph.chunks_without_similar_edges() == ["d2-a"]
+        # a whole rewrite empties the tables by recreating them, schema intact
+        graph.replace_similarity_edges(edges.tail(1))
+        graph.replace_keywords(pl.Series([], dtype=pl.String), links.head(0))
+        assert graph.count("SIMILAR") == 1 and graph.count("Keyword") == 0 and graph.count("KEYWORD_IN") == 0
+        with pytest.raises(RuntimeError):  # an edge to a chunk that is not in the graph is refused, not dropped
+            graph.add_similarity_edges(pl.DataFrame({"src": ["d1-a"], "dst": ["gone"], "kind": ["semantic"],
+                                                     "weight": [0.1]}))
