@@ -101,7 +101,10 @@ def test_a_damaged_or_foreign_hnsw_file_is_rebuilt_and_says_why(tmp_path, damage
         shutil.copy(kept_old, path)
     else:
         path.unlink()
+    half_written = path.with_name("knn_hnsw.killed-midway.tmp")
+    half_written.write_bytes(b"\x00" * 10)
     result = approx_graph(chunks, vectors, words, files)
+    assert not half_written.exists()
     expected = {"truncated": "unreadable", "garbage": "unreadable", "other_generation": "refused",
                 "missing": "no saved index"}[damage]
     assert result.ann_index.startswith("rebuilt") and expected in result.ann_index, result.ann_index

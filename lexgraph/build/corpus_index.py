@@ -362,8 +362,8 @@ def _save_knn(files: CorpusFiles, current: pl.DataFrame, semantic: KnnGraph, lex
         table = frame.to_arrow()
         files.write_arrow(path, table.replace_schema_metadata({**(table.schema.metadata or {}),
                                                               KNN_GENERATION: generation.encode()}))
-    for old in files.root.glob("knn_hnsw.*.faiss"):
-        if old.name != files.ann_index(generation).name:
+    for old in [*files.root.glob("knn_hnsw.*.faiss"), *files.root.glob("knn_hnsw.*.tmp")]:
+        if old.name != files.ann_index(generation).name:  # older saves, and halves of writes killed midway
             old.unlink(missing_ok=True)
     return generation
 
