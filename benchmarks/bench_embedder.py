@@ -1,10 +1,11 @@
 """The embedding backends side by side on one machine, in one command.
 
 1. texts/s on the same chunk texts and keyword sentences of the corpus, in this process, median of
-   repeats: torch in input order (the path before batching by length), torch batched by length, and
-   onnx-int8 batched by length; and how far the onnx-int8 vectors agree with torch (cosine).
-2. The full build of the corpus with `lexgraph bench` once per backend (LEXGRAPH_EMBED_BACKEND), each in
-   a fresh home, then the dev questions: build seconds, the torch/onnx-int8 ratio and recall@5.
+   repeats: torch in input order (the path before batching by length), then torch, onnx and onnx-int8
+   batched by length; and how far the onnx vectors agree with torch (cosine).
+2. The full build of the corpus with `lexgraph bench` once per backend of --backends (torch and the
+   adopted default, onnx), each in a fresh process and home, then the dev questions: build seconds,
+   the torch/other ratio and recall@5.
 
     .venv/bin/python -m benchmarks.bench_embedder --corpus ../shared/datasets/lihua-world/LiHuaWorld.zip \\
         --questions ../shared/datasets/lihua-world/questions.dev.json
@@ -24,11 +25,10 @@ import numpy as np
 
 from benchmarks.common import median, prepare_corpus
 from lexgraph.extract.chunking import chunk_text
-from lexgraph.extract.embedder import ONNX_INT8, TORCH, Embedder
+from lexgraph.extract.embedder import DEFAULT_BACKEND, EMBED_BACKENDS, ONNX, ONNX_INT8, TORCH, Embedder
 from lexgraph.extract.keywords import extract_keywords
 from lexgraph.inbox import iter_corpus_files
 
-BACKENDS = (TORCH, ONNX_INT8)
 RECALL_METHODS = ("dense", "keyword", "hybrid")
 
 
@@ -52,23 +52,23 @@ def texts_per_second(encode, texts: list[str], repeats: int) -> tuple[float, np.
 
 
 def measure_throughput(corpus: Path, files: int, repeats: int) -> list[dict]:
-    torch_model, int8_model = Embedder(backend=TORCH), Embedder(backend=ONNX_INT8)
-    chunks, sentences = sample_texts(corpus, torch_model, files)
-    variants = {  # equal lengths keep the input order: batches as they were before sorting by length
-        "torch, input order": lambda texts: torch_model._encode_by_length(texts, [0] * len(texts), None),
-        "torch, by length": lambda texts: torch_model._encode_by_length(texts, torch_model.count_tokens(texts), None),
-        "onnx-int8, by length": lambda texts: int8_model._encode_by_length(texts, int8_model.count_tokens(texts), None),
-    }
+    models = {backend: Embedder(backend=backend) for backend in (TORCH, ONNX, ONNX_INT8)}
+    chunks, sentences = sample_texts(corpus, models[TORCH], files)
+    # equal lengths keep the input order: batches as they were before sorting by length
+    variants = {"torch, input order": lambda texts: models[TORCH]._encode_by_length(texts, [0] * len(texts), None)}
+    for backend, model in models.items():
+        variants[f"{backend}, by length"] = lambda texts, m=model: m._encode_by_length(texts, m.count_tokens(texts), None)
     rows = []
     for kind, texts in (("chunks", chunks), ("sentences", sentences)):
         results = {name: texts_per_second(encode, texts, repeats) for name, encode in variants.items()}
         base = results["torch, input order"][0]
-        cosine = (results["torch, by length"][1] * results["onnx-int8, by length"][1]).sum(axis=1)
         for name, (rate, _) in results.items():
             rows.append({"texts": kind, "n": len(texts), "variant": name, "texts_per_s": rate, "speedup": rate / base})
-        rows.append({"texts": kind, "n": len(texts), "variant": "cosine onnx-int8 vs torch",
-                     "min": float(cosine.min()), "p5": float(np.percentile(cosine, 5)),
-                     "median": float(np.median(cosine))})
+        for backend in (ONNX, ONNX_INT8):
+            cosine = (results["torch, by length"][1] * results[f"{backend}, by length"][1]).sum(axis=1)
+            rows.append({"texts": kind, "n": len(texts), "variant": f"cosine {backend} vs torch",
+                         "min": float(cosine.min()), "p5": float(np.percentile(cosine, 5)),
+                         "median": float(np.median(cosine))})
     return rows
 
 
@@ -94,29 +94,48 @@ def main() -> None:
     parser.add_argument("--questions", required=True, help="the dev questions for recall")
     parser.add_argument("--files", type=int, default=40, help="documents whose texts the throughput part embeds")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--backends", default=f"{TORCH},{DEFAULT_BACKEND}",
+                        help="comma-separated backends to build with, the first the baseline")
     parser.add_argument("--no-build", action="store_true", help="only the throughput and agreement part")
+    parser.add_argument("--no-throughput", action="store_true", help="only the build part")
     args = parser.parse_args()
 
-    print("## throughput on the same texts, this process (median of", args.repeats, "repeats)")
-    for row in measure_throughput(prepare_corpus(args.corpus), args.files, args.repeats):
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    unknown = [b for b in backends if b not in EMBED_BACKENDS]
+    if unknown or not backends:
+        parser.error(f"--backends takes some of {', '.join(EMBED_BACKENDS)}, got {args.backends!r}")
+    if not args.no_throughput:
+        print_throughput(measure_throughput(prepare_corpus(args.corpus), args.files, args.repeats), args.repeats)
+    if not args.no_build:
+        print_builds([build_and_evaluate_in(args, backend) for backend in backends])
+
+
+def build_and_evaluate_in(args, backend: str) -> dict:
+    with tempfile.TemporaryDirectory(prefix="bench-embedder-") as tmp:
+        return build_and_evaluate(args.corpus, args.questions, backend, Path(tmp))
+
+
+def print_throughput(rows: list[dict], repeats: int) -> None:
+    print("## throughput on the same texts, this process (median of", repeats, "repeats)")
+    for row in rows:
         if "texts_per_s" in row:
             print(f"{row['texts']:>9} n={row['n']:<5} {row['variant']:<22} {row['texts_per_s']:8.1f} texts/s "
                   f"x{row['speedup']:.2f}")
         else:
             print(f"{row['texts']:>9} n={row['n']:<5} {row['variant']}: min {row['min']:.4f} "
                   f"p5 {row['p5']:.4f} median {row['median']:.4f}")
-    if args.no_build:
-        return
-    print("\n## full build and dev recall, one fresh home per backend")
-    with tempfile.TemporaryDirectory(prefix="bench-embedder-") as tmp:
-        results = [build_and_evaluate(args.corpus, args.questions, b, Path(tmp) / b) for b in BACKENDS]
+
+
+def print_builds(results: list[dict]) -> None:
+    print("\n## full build and dev recall, one fresh process and home per backend")
     for r in results:
         recall = "  ".join(f"{k} {v:.3f}" for k, v in r["recall@5"].items())
         print(f"{r['backend']:<10} build {r['seconds']:7.1f} s  {r['embedding_tokens']:,} tokens  R@5: {recall}")
-    torch_run, int8_run = results
-    print(f"build speed-up onnx-int8 over torch: x{torch_run['seconds'] / int8_run['seconds']:.2f}")
-    worst = min(int8_run["recall@5"][k] - torch_run["recall@5"][k] for k in torch_run["recall@5"])
-    print(f"largest recall@5 drop: {max(-worst, 0):.3f}")
+    base = results[0]
+    for other in results[1:]:
+        worst = min(other["recall@5"][k] - base["recall@5"][k] for k in base["recall@5"])
+        print(f"build speed-up {other['backend']} over {base['backend']}: x{base['seconds'] / other['seconds']:.2f}; "
+              f"largest recall@5 drop: {max(-worst, 0):.3f}")
 
 
 if __name__ == "__main__":

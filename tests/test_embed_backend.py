@@ -1,4 +1,4 @@
-"""LEXGRAPH_EMBED_BACKEND: torch and onnx-int8 give agreeing vectors, never mix in one index, both refuse
+"""LEXGRAPH_EMBED_BACKEND: torch, onnx and onnx-int8 give agreeing vectors, never mix in one index, both refuse
 over-long chunks; the onnx export is cached on disk and re-exported when damaged; a big embedding call
 inside a stage shows its batches."""
 import json
@@ -24,20 +24,27 @@ def torch_embedder():
 
 
 @pytest.fixture(scope="module")
+def onnx_embedder():
+    return Embedder.shared(backend="onnx")
+
+
+@pytest.fixture(scope="module")
 def int8_embedder():
     return Embedder.shared(backend="onnx-int8")
 
 
 def test_backend_setting_values_and_index_version():
     torch_settings = Settings.from_env({"LEXGRAPH_EMBED_BACKEND": "torch"})
+    onnx_settings = Settings.from_env({"LEXGRAPH_EMBED_BACKEND": "onnx"})
     int8_settings = Settings.from_env({"LEXGRAPH_EMBED_BACKEND": " ONNX-INT8 "})
     assert (torch_settings.embed_backend, int8_settings.embed_backend) == ("torch", "onnx-int8")
-    assert torch_settings.index_version != int8_settings.index_version
-    assert torch_settings.index_dir != int8_settings.index_dir
+    versions = {s.index_version for s in (torch_settings, onnx_settings, int8_settings)}
+    assert len(versions) == 3
+    assert torch_settings.index_dir != onnx_settings.index_dir
     # torch keeps the version indexes had before the backend was a setting
     assert torch_settings.index_version == "v57e82462"
-    assert Settings.from_env({}).embed_backend == "onnx-int8"
-    with pytest.raises(SettingsError, match=r"^LEXGRAPH_EMBED_BACKEND must be one of torch, onnx-int8, got 'cuda'$"):
+    assert Settings.from_env({}).embed_backend == "onnx"
+    with pytest.raises(SettingsError, match=r"^LEXGRAPH_EMBED_BACKEND must be one of torch, onnx, onnx-int8, got 'cuda'$"):
         Settings.from_env({"LEXGRAPH_EMBED_BACKEND": "cuda"})
 
 
@@ -50,18 +57,20 @@ def test_bad_backend_exits_2_with_one_line(tmp_path):
     assert len(lines) == 1 and "LEXGRAPH_EMBED_BACKEND" in lines[0] and "'fp16'" in lines[0]
 
 
-def test_onnx_vectors_agree_with_torch(torch_embedder, int8_embedder):
-    a, b = torch_embedder.embed(SENTENCES), int8_embedder.embed(SENTENCES)
+@pytest.mark.parametrize("backend, least", [("onnx", 0.9999), ("onnx-int8", 0.99)])
+def test_onnx_vectors_agree_with_torch(backend, least, torch_embedder, onnx_embedder, int8_embedder):
+    other = {"onnx": onnx_embedder, "onnx-int8": int8_embedder}[backend]
+    a, b = torch_embedder.embed(SENTENCES), other.embed(SENTENCES)
     assert a.shape == b.shape == (len(SENTENCES), 384)
     assert np.allclose(np.linalg.norm(b, axis=1), 1.0, atol=1e-4)
-    assert (a * b).sum(axis=1).min() >= 0.99
+    assert (a * b).sum(axis=1).min() >= least
     # agreement is no accident: different sentences stay far apart
     assert float(a[0] @ b[1]) < 0.5
 
 
-@pytest.mark.parametrize("backend", ["torch", "onnx-int8"])
-def test_over_long_chunks_refused_by_either_backend(backend, torch_embedder, int8_embedder):
-    embedder = {"torch": torch_embedder, "onnx-int8": int8_embedder}[backend]
+@pytest.mark.parametrize("backend", ["torch", "onnx", "onnx-int8"])
+def test_over_long_chunks_refused_by_every_backend(backend, torch_embedder, onnx_embedder, int8_embedder):
+    embedder = {"torch": torch_embedder, "onnx": onnx_embedder, "onnx-int8": int8_embedder}[backend]
     text = " ".join(["harbour"] * 300)
     assert embedder.count_tokens([text])[0] > embedder.max_tokens
     with pytest.raises(InputTooLongError, match="254-token input limit"):
@@ -70,29 +79,32 @@ def test_over_long_chunks_refused_by_either_backend(backend, torch_embedder, int
 
 
 def test_unknown_backend_refused_by_the_embedder():
-    with pytest.raises(ValueError, match="embedding backend must be one of torch, onnx-int8, got 'tpu'"):
+    with pytest.raises(ValueError, match="embedding backend must be one of torch, onnx, onnx-int8, got 'tpu'"):
         Embedder(backend="tpu")
 
 
 def test_damaged_cached_export_is_detected_and_rebuilt(torch_embedder, tmp_path, capfd):
     model_path = resolve_model_path(torch_embedder.model_name)
-    onnx_export.load_int8_session(torch_embedder.model, model_path, tmp_path)
+    onnx_export.load_session(torch_embedder.model, model_path, True, tmp_path)
     (entry,) = [p for p in tmp_path.iterdir() if not p.name.startswith(".")]
     assert onnx_export.check_entry(entry) == ""
-    assert json.loads((entry / "manifest.json").read_text())["probe_cosine"] >= 0.98
+    probes = json.loads((entry / "manifest.json").read_text())["probe_cosine"]
+    assert probes["model.onnx"] >= 0.9999 and probes["model_int8.onnx"] >= 0.98
 
-    model_file = entry / onnx_export.MODEL_FILE
+    model_file = entry / onnx_export.INT8_FILE
     model_file.write_bytes(model_file.read_bytes()[:1000])  # a torn write
-    assert "does not match the sha256" in onnx_export.check_entry(entry)
-    session = onnx_export.load_int8_session(torch_embedder.model, model_path, tmp_path)
+    assert "model_int8.onnx does not match the sha256" in onnx_export.check_entry(entry)
+    session = onnx_export.load_session(torch_embedder.model, model_path, False, tmp_path)
     assert f"the cached ONNX export {entry} is damaged" in capfd.readouterr().err
     assert onnx_export.check_entry(entry) == ""
     features = torch_embedder.model.tokenizer(SENTENCES[:1], return_tensors="np")
     reference = torch_embedder.embed(SENTENCES[:1])[0]
-    assert float(onnx_export.run_session(session, features)[0] @ reference) >= 0.99
+    assert float(onnx_export.run_session(session, features)[0] @ reference) >= 0.9999
     # no temporary folder is left behind
     assert [p.name for p in tmp_path.iterdir()] == [entry.name]
 
+    (entry / onnx_export.FP32_FILE).unlink()
+    assert onnx_export.check_entry(entry) == "model.onnx is missing"
     (entry / "manifest.json").write_text("{not json")
     assert "manifest.json unreadable" in onnx_export.check_entry(entry)
     assert onnx_export.check_entry(tmp_path / "absent") == "missing"
@@ -109,17 +121,17 @@ class Recorder:
         self.events.append(("advance", stage, n))
 
 
-def test_big_embedding_inside_a_stage_shows_each_batch(int8_embedder):
+def test_big_embedding_inside_a_stage_shows_each_batch(onnx_embedder):
     texts = [f"statement number {i} about the harbour" for i in range(10)]
-    previous = int8_embedder.batch_size
-    int8_embedder.batch_size = 4
+    previous = onnx_embedder.batch_size
+    onnx_embedder.batch_size = 4
     try:
         with progress.reporting(Recorder()) as recorder:
             progress.start("lexical graph", 1, "build")
-            int8_embedder.embed(texts, long="pool")
+            onnx_embedder.embed(texts, long="pool")
             progress.advance("lexical graph", 1)
     finally:
-        int8_embedder.batch_size = previous
+        onnx_embedder.batch_size = previous
     assert recorder.events == [
         ("start", "lexical graph", 1, "build"),
         ("start", "lexical graph: embedding", 10, "texts"),
@@ -130,8 +142,8 @@ def test_big_embedding_inside_a_stage_shows_each_batch(int8_embedder):
     ]
 
 
-def test_chunk_embedding_with_a_callback_reports_only_to_it(int8_embedder):
+def test_chunk_embedding_with_a_callback_reports_only_to_it(onnx_embedder):
     seen = []
     with progress.reporting(Recorder()) as recorder:
-        int8_embedder.embed([f"chunk {i}" for i in range(70)], progress=seen.append)
+        onnx_embedder.embed([f"chunk {i}" for i in range(70)], progress=seen.append)
     assert sum(seen) == 70 and recorder.events == []

@@ -1,9 +1,10 @@
 """Sentence-transformers embedder, loaded offline, that refuses to truncate silently.
 
-Two backends give the same model's vectors: "torch" (sentence-transformers as shipped) and
-"onnx-int8" (the same weights exported to ONNX once, int8 dynamically quantised, run by onnxruntime;
-see lexgraph.extract.onnx_export). Their vectors differ slightly, so the backend is part of the
-index version (Settings.index_version) and an index is always queried with the backend that built it.
+Three backends give the same model's vectors: "torch" (sentence-transformers as shipped), "onnx" (the
+same weights exported to ONNX once, run by onnxruntime: equal vectors, faster) and "onnx-int8" (that
+export int8 dynamically quantised: fastest, but vectors move by about 0.01 in cosine, also with their
+batch-mates; see lexgraph.extract.onnx_export and docs/BENCHMARKS.md). The backend is part of the index
+version (Settings.index_version), so an index is always queried with the backend that built it.
 """
 from __future__ import annotations
 
@@ -21,10 +22,10 @@ from lexgraph import progress as report
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 # Word pieces shared by neighbouring windows when a long query is embedded in windows and pooled.
 QUERY_WINDOW_OVERLAP = 32
-TORCH, ONNX_INT8 = "torch", "onnx-int8"
-EMBED_BACKENDS = (TORCH, ONNX_INT8)
-# Adopted after docs/bench-sections/embedder.md: same recall on both dev sets, a fraction of the time.
-DEFAULT_BACKEND = ONNX_INT8
+TORCH, ONNX, ONNX_INT8 = "torch", "onnx", "onnx-int8"
+EMBED_BACKENDS = (TORCH, ONNX, ONNX_INT8)
+# Adopted after docs/bench-sections/embedder.md: torch's vectors (cosine 1.0000), a fraction of the time.
+DEFAULT_BACKEND = ONNX
 _CACHE: dict[tuple[str, str, str], "Embedder"] = {}
 _CACHE_LOCK = threading.Lock()
 
@@ -113,10 +114,10 @@ class Embedder:
         self.dimension = int(dimension())
         self.stats = EmbeddingStats()
         self.session = None
-        if backend == ONNX_INT8:
-            from lexgraph.extract.onnx_export import load_int8_session
+        if backend in (ONNX, ONNX_INT8):
+            from lexgraph.extract.onnx_export import load_session
 
-            self.session = load_int8_session(self.model, resolve_model_path(model_name), onnx_cache)
+            self.session = load_session(self.model, resolve_model_path(model_name), backend == ONNX_INT8, onnx_cache)
 
     @classmethod
     def shared(cls, model_name: str = DEFAULT_MODEL, device: str = "cpu", batch_size: int = 64,

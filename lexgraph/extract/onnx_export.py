@@ -1,9 +1,10 @@
-"""The embedder's onnx-int8 backend: the bundled model exported to ONNX once, offline, with its mean
-pooling and normalisation inside the graph, int8 dynamically quantised (onnxruntime), cached on disk.
+"""The embedder's onnx backends: the bundled model exported to ONNX once, offline, with its mean pooling
+and normalisation inside the graph ("onnx", float32), and that graph int8 dynamically quantised
+("onnx-int8"), both run by onnxruntime and cached on disk.
 
 An export is written to a temporary folder beside the cache entry and renamed into place, so a
 killed export never leaves a half-written model that looks finished. Each entry has a manifest with
-the model file's sha256; a damaged or unreadable entry is reported on stderr and exported again.
+its model files' sha256; a damaged or unreadable entry is reported on stderr and exported again.
 """
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from pathlib import Path
 import numpy as np
 
 # Bump when the exported graph or the quantisation changes, so old cache entries are not reused.
-EXPORT_RECIPE = "1"
-MODEL_FILE, MANIFEST = "model_int8.onnx", "manifest.json"
+EXPORT_RECIPE = "2"
+FP32_FILE, INT8_FILE, MANIFEST = "model.onnx", "model_int8.onnx", "manifest.json"
+MODEL_FILES = (FP32_FILE, INT8_FILE)
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 # Agreement with the torch model that an export must reach on a probe sentence before it is kept.
 MIN_PROBE_COSINE = 0.98
@@ -55,8 +57,9 @@ def cache_key(model_path: str | Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def load_int8_session(model, model_path: str | Path, cache_dir: str | Path | None = None):
-    """An onnxruntime session of the model's int8 export, exported first when the cache has none."""
+def load_session(model, model_path: str | Path, quantised: bool, cache_dir: str | Path | None = None):
+    """An onnxruntime session of the model's export (int8 when quantised), exported first when the cache
+    has none."""
     entry = Path(cache_dir or default_cache_dir()) / f"{Path(model_path).name}-{cache_key(model_path)}"
     problem = check_entry(entry)
     if problem == "missing":
@@ -66,7 +69,7 @@ def load_int8_session(model, model_path: str | Path, cache_dir: str | Path | Non
               file=sys.stderr)
         _discard(entry)
         export_entry(model, entry)
-    return _session(entry / MODEL_FILE)
+    return _session(entry / (INT8_FILE if quantised else FP32_FILE))
 
 
 def check_entry(entry: Path) -> str:
@@ -75,11 +78,11 @@ def check_entry(entry: Path) -> str:
         return "missing"
     try:
         manifest = json.loads((entry / MANIFEST).read_text())
-        model = entry / MODEL_FILE
-        if not model.is_file():
-            return f"{MODEL_FILE} is missing"
-        if _sha256(model) != manifest["sha256"]:
-            return f"{MODEL_FILE} does not match the sha256 in {MANIFEST}"
+        for name in MODEL_FILES:
+            if not (entry / name).is_file():
+                return f"{name} is missing"
+            if _sha256(entry / name) != manifest["sha256"][name]:
+                return f"{name} does not match the sha256 in {MANIFEST}"
     except (OSError, ValueError, KeyError, TypeError) as error:
         return f"{MANIFEST} unreadable: {error}"
     return ""
@@ -90,17 +93,18 @@ def export_entry(model, entry: Path) -> None:
     entry.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
     try:
-        fp32 = work / "model.onnx"
-        _export_fp32(model, fp32)
+        _export_fp32(model, work / FP32_FILE)
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        quantize_dynamic(str(fp32), str(work / MODEL_FILE), weight_type=QuantType.QInt8, per_channel=True)
-        fp32.unlink()
-        cosine = _probe_cosine(model, _session(work / MODEL_FILE))
-        if cosine < MIN_PROBE_COSINE:
-            raise OnnxExportError(f"the int8 ONNX export agrees with the torch model only to cosine {cosine:.4f} "
-                                  f"(at least {MIN_PROBE_COSINE} required): is it a mean-pooled, normalised model?")
-        manifest = {"sha256": _sha256(work / MODEL_FILE), "recipe": EXPORT_RECIPE, "probe_cosine": round(cosine, 6),
+        quantize_dynamic(str(work / FP32_FILE), str(work / INT8_FILE), weight_type=QuantType.QInt8, per_channel=True)
+        cosines = {name: _probe_cosine(model, _session(work / name)) for name in MODEL_FILES}
+        for name, cosine in cosines.items():
+            if cosine < MIN_PROBE_COSINE:
+                raise OnnxExportError(f"the ONNX export {name} agrees with the torch model only to cosine "
+                                      f"{cosine:.4f} (at least {MIN_PROBE_COSINE} required): is it a mean-pooled, "
+                                      "normalised model?")
+        manifest = {"sha256": {name: _sha256(work / name) for name in MODEL_FILES}, "recipe": EXPORT_RECIPE,
+                    "probe_cosine": {name: round(c, 6) for name, c in cosines.items()},
                     "torch": version("torch"), "onnxruntime": version("onnxruntime")}
         (work / MANIFEST).write_text(json.dumps(manifest, indent=1))
         try:
