@@ -42,7 +42,7 @@ class Settings:
     home: Path = Path(".lexgraph")
     collection: str = "default"
     embed_model: str = DEFAULT_MODEL
-    # torch or onnx-int8: their vectors differ slightly, so the backend is part of the index version
+    # torch, onnx or onnx-int8 (lexgraph.extract.embedder): part of the index version, vectors never mix
     embed_backend: str = DEFAULT_BACKEND
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS
     inbox: Path = Path("sample/corpus")
