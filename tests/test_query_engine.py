@@ -207,6 +207,30 @@ def test_graph_expansion_over_budget_is_cut_to_two_hops_and_marked_uncertain(sam
     assert engine._cut.params.statement_hops == 2 == QueryParams().graph_hops - 1
 
 
+def test_graph_route_walks_the_statement_graph_once_and_scores_it_like_the_channel(sample_home, monkeypatch):
+    import numpy as np
+
+    from lexgraph.query import engine as engine_module, graph_channels
+
+    question = "Which companies are connected to Kestrel Propulsion?"
+    engine = QueryService(Settings.from_env(home=sample_home), use_llm=False).engine()
+    assert "statement" in engine.graph_weights
+    walks, walk = [], graph_channels.traverse_statements
+
+    def counted(*args, **kwargs):
+        walks.append(1)
+        return walk(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "traverse_statements", counted)
+    monkeypatch.setattr(graph_channels, "traverse_statements", counted)
+    _, channels, uncertain = engine._graph_ranking(question)
+    assert uncertain is False and len(walks) == 1  # the budget check's walk is the channel's walk
+    monkeypatch.undo()
+    expected = engine._deep.scores("statement", question)
+    assert np.isfinite(expected).any()
+    assert np.array_equal(channels["statement"], expected)
+
+
 def test_the_query_log_asset_summarises_routes_rates_and_latency(service, sample_home, instance):
     import dagster as dg
 

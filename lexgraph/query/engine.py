@@ -27,7 +27,7 @@ import numpy as np
 
 from lexgraph.query.answer import DEFAULT_ABSTAIN_BELOW, Answer, QuestionTerms, abstention, best_sentence
 from lexgraph.query.context import Context, build_context
-from lexgraph.query.graph_channels import traverse_statements
+from lexgraph.query.graph_channels import scores_of_statements, traverse_statements
 from lexgraph.query.retrieval import METHODS, Retriever, reciprocal_rank_fusion, sub_queries, with_params
 from lexgraph.query.router import ROUTES, RouteDecision, Router
 
@@ -147,8 +147,7 @@ class QueryEngine:
         channels = {name: self.retriever.scores(name, question) for name in weights if name != "statement"}
         uncertain = False
         if "statement" in weights:
-            uncertain = self._over_budget(question)
-            channels["statement"] = (self._cut if uncertain else self._deep).scores("statement", question)
+            channels["statement"], uncertain = self._statement_channel(question)
         fused = reciprocal_rank_fusion([(channels[name], weight) for name, weight in weights.items()],
                                        self.retriever.index.size, self.params.rrf_k, self.params.fusion_depth)
         return fused, channels, uncertain
@@ -167,14 +166,18 @@ class QueryEngine:
         return Retrieval("agentic", decision, fused, self._context(fused), steps=steps, uncertain=uncertain,
                          weights=self.graph_weights)
 
-    def _over_budget(self, question: str) -> bool:
-        """The deep statement traversal would fill its whole statement budget: the expansion is cut to 2
-        hops and the answer marked uncertain, since what lies beyond the budget was not read."""
-        graph = self.retriever.index.graph.statements if self.retriever.index.graph is not None else None
+    def _statement_channel(self, question: str) -> tuple[np.ndarray, bool]:
+        """The statement channel at graph_hops, walked once. When that traversal fills its whole statement
+        budget, the expansion is cut to 2 hops and the answer marked uncertain, since what lies beyond the
+        budget was not read."""
+        index, vector = self.retriever.index, self.retriever.embed(question)
+        graph = index.graph.statements if index.graph is not None else None
         if graph is None or graph.size == 0:
-            return False
-        found = traverse_statements(graph, self.retriever.embed(question), self._deep.params)
-        return len(found) >= self._deep.params.statement_limit
+            return np.full(index.size, -np.inf), False
+        found = traverse_statements(graph, vector, self._deep.params)
+        if len(found) < self._deep.params.statement_limit:
+            return scores_of_statements(index, found, vector, self._deep.params), False
+        return self._cut.scores("statement", question), True
 
     @staticmethod
     def _step(step: str, run: Callable):

@@ -422,13 +422,21 @@ def traverse_statements(graph: StatementGraph, query_vector: np.ndarray, params:
 def statement_scores(index: RetrievalIndex, query: str, query_vector: np.ndarray,
                      params: RetrievalParams) -> np.ndarray:
     """The statement channel: a score per chunk from its traversed statements (-inf where none)."""
-    scores = np.full(index.size, -np.inf)
     graph = index.graph.statements if index.graph is not None else None
     if graph is None or graph.size == 0:
-        return scores
-    statements = traverse_statements(graph, query_vector, params)
+        return np.full(index.size, -np.inf)
+    return scores_of_statements(index, traverse_statements(graph, query_vector, params), query_vector, params)
+
+
+def scores_of_statements(index: RetrievalIndex, statements: list[TraversedStatement], query_vector: np.ndarray,
+                         params: RetrievalParams) -> np.ndarray:
+    """Chunk scores from statements already traversed: the best statement, plus a share of the others, plus
+    the query–chunk cosine (-inf for chunks without one). Split from the traversal so a caller that has
+    walked the graph (the graph route's budget check) does not walk it again."""
+    scores = np.full(index.size, -np.inf)
     if not statements:
         return scores
+    graph = index.graph.statements
     rows = np.array([s.row for s in statements], dtype=np.int64)
     values = np.array([s.score for s in statements])
     chunks = graph.chunk_rows[rows]
