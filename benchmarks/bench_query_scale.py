@@ -137,6 +137,14 @@ class Corpus:
                          "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), DIM)})
 
 
+def index_dir(home: Path) -> Path:
+    """The one index version folder of a cached home."""
+    found = sorted(p for p in (home / "default").iterdir() if p.is_dir() and (p / "lance").is_dir())
+    if len(found) != 1:
+        raise SystemExit(f"{home / 'default'}: expected one index version folder, found {[p.name for p in found]}")
+    return found[0]
+
+
 def bench_home(n: int) -> Path:
     return CACHE / f"query-scale-{n}"
 
@@ -189,14 +197,16 @@ def ensure_index(n: int) -> Path:
 
 def questions(corpus: Corpus, count: int, seed: int = 11) -> list[str]:
     """Questions in the synthetic vocabulary: four words of one topic (its keywords among them) and two
-    common words, so that the full-text and keyword channels have hits, as real questions do."""
+    common words, so that the full-text and keyword channels have hits, as real questions do; one in four
+    is compound (two clauses, so the hybrid also retrieves for each clause, as it does for real ones)."""
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(count):
         topic = rng.choice(corpus.topics, p=corpus.topic_p)
         own = corpus.words[corpus.topic_words[topic, rng.integers(0, KEYWORDS_PER_TOPIC * 2, size=4)]]
         common = corpus.words[rng.integers(0, 200, size=2)]
-        out.append(f"What did {own[0]} {own[1]} say about {own[2]} and {common[0]} {own[3]} {common[1]}?")
+        joint = "and" if len(out) % 4 == 3 else "of"
+        out.append(f"What did {own[0]} {own[1]} say about {own[2]} {joint} {common[0]} {own[3]} {common[1]}?")
     return out
 
 
@@ -204,7 +214,11 @@ def serve_figures(home: Path, asked: list[str], env_extra: dict, clients: int, s
     """Start `lexgraph serve` on a scratch home whose collection links to the index; time the first answer,
     read the server's memory, then one client over `asked` and `clients` clients for `seconds`."""
     scratch = Path(tempfile.mkdtemp(prefix="lexgraph-query-scale-"))
-    (scratch / "default").symlink_to(home / "default", target_is_directory=True)
+    # the cached index under the version today's settings look for (the embedder backend is part of it; the
+    # synthetic vectors are no embedder's)
+    (scratch / "default").mkdir()
+    (scratch / "default" / Settings.from_env(home=scratch).index_version).symlink_to(
+        index_dir(home), target_is_directory=True)
     env = {k: v for k, v in os.environ.items() if k not in ("LEXGRAPH_LLM_BASE_URL", "OPENAI_BASE_URL",
                                                              "LEXGRAPH_SERVE_TOKEN")}
     env.update(HF_HUB_OFFLINE="1", LEXGRAPH_HOME=str(scratch), **env_extra)
@@ -283,13 +297,14 @@ def concurrent(port: int, asked: list[str], clients: int, seconds: float) -> dic
             "throughput": answered[0] / (time.perf_counter() - began), "concurrent_latency": latencies}
 
 
-def ann_recall(table, vectors: np.ndarray, nprobes: int, refine: int, pq: bool) -> float:
+def ann_recall(search, table, vectors: np.ndarray) -> float:
+    """Overlap of the lance backend's dense top 10 (its own limit, nprobes and refine factor) with exact search's."""
     found = []
     for vector in vectors:
         exact = table.search(vector).distance_type("cosine").limit(10).bypass_vector_index().select(
-            ["chunk_id"]).to_arrow().column("chunk_id").to_pylist()
-        query = table.search(vector).distance_type("cosine").limit(10).nprobes(nprobes).select(["chunk_id"])
-        approx = (query.refine_factor(refine) if pq else query).to_arrow().column("chunk_id").to_pylist()
+            []).with_row_id(True).to_arrow().column("_rowid").to_pylist()
+        rows, _ = search.dense(vector)
+        approx = search.rows.rowids[rows[:10]].tolist()
         found.append(len(set(exact) & set(approx)) / 10)
     return float(np.mean(found))
 
@@ -304,6 +319,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--recall-samples", type=int, default=50)
+    parser.add_argument("--hybrid-only", action="store_true",
+                        help="only time the hybrid ranking in process, memory against lance backend")
     args = parser.parse_args()
     home = args.home.resolve() if args.home else ensure_index(args.chunks)
     if args.build_only:
@@ -311,6 +328,14 @@ def main() -> None:
     corpus = Corpus(args.chunks)
     asked = questions(corpus, args.questions + 6) if not args.home else real_questions(args.questions + 6)
     label = f"{args.home.name if args.home else f'synthetic {args.chunks}'} [{args.backend}]"
+    if args.hybrid_only:
+        name = args.home.name if args.home else f"synthetic {args.chunks}"
+        ratio = hybrid_ratio(home, asked[:60])
+        print(f"{name}: load memory {ratio['load_s']['memory']:.1f} s, lance {ratio['load_s']['lance']:.1f} s; "
+              f"hybrid ranking median memory {ratio['median_ms']['memory']:.1f} ms, lance "
+              f"{ratio['median_ms']['lance']:.1f} ms (lance/memory {ratio['ratio']:.2f}, same process, 3 passes "
+              f"over 60 questions, embedding excluded)")
+        return
     figures = serve_figures(home, asked, {"LEXGRAPH_QUERY_BACKEND": args.backend}, args.clients, args.seconds)
     backend = figures["health"]["query_backend"]
     print(f"{label}: chunks {figures['health']['chunks']}, backend {backend['backend']} ({backend['reason']})")
@@ -329,6 +354,46 @@ def main() -> None:
             print(f"{label}: dense recall@10 of the ANN against exact search, {kind}: {value:.3f}")
 
 
+def hybrid_ratio(home: Path, asked: list[str], repeats: int = 3) -> dict:
+    """The hybrid ranking alone (the semantic route's channels and fusion, no answering, no retry), memory
+    backend against lance backend in this one process over the same questions, alternating question by
+    question: load seconds and median ms of each, and lance/memory."""
+    from lexgraph.extract.embedder import Embedder
+    from lexgraph.query.retrieval import Retriever, load_index, load_lance_index
+
+    settings = Settings.from_env(home=home)
+    version = index_dir(home).name
+    settings = Settings.from_env(home=home) if settings.index_version == version else _pinned(home, version)
+    embedder = Embedder.shared(settings.embed_model)
+    cached = {q: embedder.embed_query(q) for q in asked}  # both backends get the same vectors, embedding excluded
+    loads, retrievers = {}, {}
+    for name, load in (("memory", load_index), ("lance", load_lance_index)):
+        started = time.perf_counter()
+        retrievers[name] = Retriever(load(settings), cached.__getitem__, None,
+                                     lambda texts: [cached.get(t) if t in cached else embedder.embed_query(t)
+                                                    for t in texts])
+        loads[name] = time.perf_counter() - started
+    times = {"memory": [], "lance": []}
+    for _ in range(repeats):
+        for question in asked:
+            for name, retriever in retrievers.items():
+                started = time.perf_counter()
+                retriever.scores("hybrid", question)
+                times[name].append(time.perf_counter() - started)
+    medians = {name: 1000 * float(np.median(values)) for name, values in times.items()}
+    return {"load_s": loads, "median_ms": medians, "ratio": medians["lance"] / medians["memory"]}
+
+
+def _pinned(home: Path, version: str) -> Settings:
+    """Settings that find the cached index version (built before the embedder backend was part of it)."""
+    from lexgraph.extract.embedder import TORCH
+
+    settings = Settings.from_env(home=home, embed_backend=TORCH)
+    if settings.index_version != version:
+        raise SystemExit(f"{home}: no settings find index version {version}")
+    return settings
+
+
 def real_questions(count: int) -> list[str]:
     data = json.loads(QUESTIONS.read_text(encoding="utf-8"))
     rows = list(data.values() if isinstance(data, dict) else data)
@@ -338,21 +403,18 @@ def real_questions(count: int) -> list[str]:
 def recall(home: Path, corpus: Corpus, samples: int) -> dict[str, float]:
     """Dense recall@10 of the ANN (the lance backend's nprobes and refine factor) against exact flat search:
     query vectors drawn like chunk vectors, and real questions embedded by the query embedder."""
-    import lancedb
-
     from lexgraph.extract.embedder import Embedder
-    from lexgraph.query.lance_backend import LanceParams
+    from lexgraph.query import lance_backend
 
     settings = Settings(home=home)
-    table = lancedb.connect(settings.lance_uri).open_table(CHUNKS)
-    pq = any(i.index_type == "IvfPq" for i in table.list_indices())
-    params = LanceParams()
+    store = VectorStore(str(index_dir(home) / "lance"))
+    _, search, _ = lance_backend.load(store, 1.2, 0.75, True)
+    table = store.db.open_table(CHUNKS)
     drawn = corpus.vectors(np.random.default_rng(5).choice(corpus.topics, size=samples, p=corpus.topic_p))
     embedder = Embedder.shared(settings.embed_model)
     real = np.stack([embedder.embed_query(q) for q in real_questions(samples)]).astype(np.float32)
-    return {f"{samples} synthetic query vectors": ann_recall(table, drawn, params.nprobes, params.refine_factor, pq),
-            f"{samples} embedded LiHua-World questions": ann_recall(table, real, params.nprobes,
-                                                                    params.refine_factor, pq)}
+    return {f"{samples} synthetic query vectors": ann_recall(search, table, drawn),
+            f"{samples} embedded LiHua-World questions": ann_recall(search, table, real)}
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ PQ_SUB_VECTORS = 48  # 8 dimensions each at 384-d: 48 bytes a vector in the inde
 STALE_SHARE = 0.05  # unindexed rows past this share of the table: optimize
 RETRAIN_FACTOR = 2.0  # table grown or shrunk this much since the ANN index was trained: retrain it
 STATE_FILE = "search_indexes.json"
-LINK_SCHEMA = pa.schema([("keyword", pa.string()), ("chunk_id", pa.string()), ("chunk_count", pa.int64())])
+# one row per keyword (the query reads a few dozen keywords' links: rows, not thousands of pairs)
+LINK_SCHEMA = pa.schema([("keyword", pa.string()), ("chunk_ids", pa.list_(pa.string())), ("chunk_count", pa.int64())])
 
 
 @dataclass(frozen=True)
@@ -103,12 +104,13 @@ def build_chunk_indexes(store: VectorStore) -> dict[str, float]:
 
 
 def write_keyword_links(store: VectorStore, links: pl.DataFrame) -> int:
-    """The keyword→chunk links (keyword, chunk_id) as a table with each keyword's chunk count, replacing it;
-    the keyword vectors get an ANN index once there are enough of them."""
-    links = links.select("keyword", "chunk_id").unique()
-    links = links.with_columns(pl.len().over("keyword").cast(pl.Int64).alias("chunk_count"))
-    table = store.db.create_table(KEYWORD_LINKS, data=links.to_arrow().cast(LINK_SCHEMA), mode="overwrite")
-    if links.height:
+    """The keyword→chunk links (keyword, chunk_id pairs) as one row per keyword (its chunk ids and their
+    count), replacing the table; the keyword vectors get an ANN index once there are enough of them. Returns
+    the number of links."""
+    grouped = links.select("keyword", "chunk_id").unique().group_by("keyword").agg(
+        pl.col("chunk_id").sort().alias("chunk_ids"), pl.len().cast(pl.Int64).alias("chunk_count")).sort("keyword")
+    table = store.db.create_table(KEYWORD_LINKS, data=grouped.to_arrow().cast(LINK_SCHEMA), mode="overwrite")
+    if grouped.height:
         table.create_index("keyword", config=BTree(), replace=True, name=LINK_INDEX)
     if KEYWORDS in store.table_names():
         keywords = store.db.open_table(KEYWORDS)
@@ -116,7 +118,7 @@ def write_keyword_links(store: VectorStore, links: pl.DataFrame) -> int:
         keywords.create_index("keyword", config=BTree(), replace=True, name=LINK_INDEX)
         if count >= PQ_FROM_ROWS:
             build_ann(keywords, count, KEYWORD_ANN)
-    return links.height
+    return int(grouped["chunk_count"].sum()) if grouped.height else 0
 
 
 def state_path(corpus_dir: Path) -> Path:
