@@ -19,10 +19,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 STEPS = ("chunk_knn_graph", "keyword_index", "chunk_pagerank", "skeleton_selection", "lexical_graph")
 # Metadata worth printing, when the code under test has it.
-FIGURES = ("mode", "ann_index", "words_read_chunks", "similar_edges_added", "similar_edges_removed",
+FIGURES = ("mode", "ann_index", "rebuilt", "similar_edges_mismatch", "keyword_docs_restored", "words_read_chunks", "similar_edges_added", "similar_edges_removed",
            "similar_edges_updated", "similar_edges_restored", "similar_edges_rewritten", "edges", "keywords",
            "keywords_added", "keywords_removed", "keyword_links_written", "keyword_links_deleted",
            "keyword_vectors_written", "keyword_docs_read", "keywords_rewritten", "keyword_chunk_links")
@@ -34,6 +35,7 @@ def worker(args: argparse.Namespace) -> None:
 
     import lexgraph
     from lexgraph.settings import Settings
+    from orchestration.definitions import build_definitions
     from orchestration.runner import ingest_folder
 
     home = Path(tempfile.mkdtemp(prefix="lexgraph-bench-cu-"))
@@ -47,9 +49,13 @@ def worker(args: argparse.Namespace) -> None:
         files = sorted(p for p in inbox.rglob("*") if p.is_file())
         held = [files[(i + 1) * len(files) // (args.repeats + 1)] for i in range(args.repeats)]
         with dg.instance_for_test() as instance:
-            warm = ingest_folder(inbox, instance, home=str(home), progress=False)  # brings the corpus state to this code
-            rows = {"code": str(Path(lexgraph.__file__).parent.parent), "warm_up": _corpus_run(instance, warm),
-                    "remove": [], "add": []}
+            ingest_folder(inbox, instance, home=str(home), progress=False, corpus=False)
+            # one corpus run, untimed, brings the copied corpus state to this code (e.g. a new KNN state format)
+            warm = build_definitions(Settings.from_env(home=home, inbox=inbox)).resolve_job_def(
+                "build_corpus_index").execute_in_process(instance=instance)
+            rows = {"code": str(Path(lexgraph.__file__).parent.parent), "remove": [], "add": [],
+                    "warm_up": _corpus_run(instance, SimpleNamespace(corpus_run=warm.run_id,
+                                                                      corpus_index_ok=warm.success))}
             for path in held:
                 text = path.read_bytes()
                 path.unlink()

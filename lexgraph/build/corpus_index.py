@@ -396,6 +396,14 @@ def edge_diff(before: pl.DataFrame, after: pl.DataFrame) -> tuple[pl.DataFrame, 
     return removed, added, reweighted
 
 
+def _similar_count(graph) -> int:
+    return graph.edge_count("SIMILAR", "Chunk", "Chunk")
+
+
+def _link_count(graph) -> int:
+    return graph.edge_count("KEYWORD_IN", "Keyword", "Chunk")
+
+
 def write_similarity_edges(files: CorpusFiles, graph, result: KnnResult) -> dict:
     """Bring the graph's SIMILAR edges to `result.edges`, writing only the difference from the edges it
     holds: the previous save's edges, less those of chunks reloaded since (a reload deletes a chunk with
@@ -413,17 +421,17 @@ def write_similarity_edges(files: CorpusFiles, graph, result: KnnResult) -> dict
         reweighted = reweighted.filter(~touches_lost)  # a lost chunk's edges are not there to update
         restored = target.filter(touches_lost).join(added, on=EDGE_KEY, how="anti").join(reweighted, on=EDGE_KEY,
                                                                                          how="anti")
-        before = graph.count("SIMILAR")
+        before = _similar_count(graph)
         graph.delete_similarity_edges(pl.concat([removed.filter(~touches_lost), reweighted]).select(EDGE_KEY))
-        deleted = before - graph.count("SIMILAR")
+        deleted = before - _similar_count(graph)
         graph.add_similarity_edges(pl.concat([added, reweighted, restored]))
         figures.update(similar_edges_added=added.height + restored.height, similar_edges_removed=deleted - reweighted.height,
                        similar_edges_updated=reweighted.height, similar_edges_restored=restored.height)
-        if graph.count("SIMILAR") == target.height:
+        if _similar_count(graph) == target.height:
             _write_json(files.similar_synced, {"generation": result.generation})
             return figures
         figures["similar_edges_mismatch"] = True  # the graph held something else: write it whole
-    before = graph.count("SIMILAR")
+    before = _similar_count(graph)
     graph.replace_similarity_edges(target)
     figures.update(similar_edges_added=target.height, similar_edges_removed=before, similar_edges_updated=0,
                    similar_edges_restored=0, similar_edges_rewritten=True)
@@ -622,7 +630,7 @@ def write_keyword_index(files: CorpusFiles, store: ExtractStore, graph, vectors,
             and _keyword_vector_diff(vectors, result, figures):
         _write_json(files.keywords_synced, {"generation": result.generation})
         return figures
-    before_links, before_vectors = graph.count("KEYWORD_IN"), vectors.count("keywords")
+    before_links, before_vectors = _link_count(graph), vectors.count("keywords")
     links = keyword_chunk_links(store, sorted(result.link_counts))
     graph.replace_keywords(result.index["keyword"], links)
     vectors.replace_keywords(kw.keyword_vectors(result.index))
@@ -637,15 +645,15 @@ def write_keyword_index(files: CorpusFiles, store: ExtractStore, graph, vectors,
 def _keyword_graph_diff(store: ExtractStore, graph, result: KeywordIndexResult, figures: dict) -> bool:
     """Write the graph's share of the difference; False when the graph does not add up afterwards."""
     old, new = set(result.previous_keywords), set(result.index["keyword"].to_list())
-    start = graph.count("KEYWORD_IN")
+    start = _link_count(graph)
     graph.delete_keywords(sorted(old - new))
     graph.add_keywords(sorted(new - old))
     graph.delete_keyword_links(result.link_docs + result.removed)
-    deleted = start - graph.count("KEYWORD_IN")
+    deleted = start - _link_count(graph)
     graph.add_keyword_links(result.links)
     written = result.links.height
     expected = sum(result.link_counts.values())
-    if graph.count("KEYWORD_IN") != expected:
+    if _link_count(graph) != expected:
         # documents reloaded since the last update lost their chunks' links: find them and write them again
         held = graph.keyword_links_per_document()
         short = sorted(d for d, n in result.link_counts.items() if held.get(d, 0) != n)
@@ -657,7 +665,7 @@ def _keyword_graph_diff(store: ExtractStore, graph, result: KeywordIndexResult, 
         figures["keyword_docs_restored"] = len(short)
     figures.update(keywords_added=len(new - old), keywords_removed=len(old - new), keyword_links_written=written,
                    keyword_links_deleted=deleted)
-    return graph.count("KEYWORD_IN") == expected and graph.count("Keyword") == len(new)
+    return _link_count(graph) == expected and graph.count("Keyword") == len(new)
 
 
 def _keyword_vector_diff(vectors, result: KeywordIndexResult, figures: dict) -> bool:
