@@ -124,6 +124,7 @@ class QueryService:
         self._router, self._use_llm = router, use_llm
         self._engine: QueryEngine | None = None
         self._signature: str | None = None
+        self._stamps: tuple | None = None
         self._checked = 0.0
         self._lock = threading.Lock()
         self._loading = threading.Lock()
@@ -149,9 +150,14 @@ class QueryService:
             if self._engine is not None and now - self._checked < RELOAD_CHECK_SECONDS:
                 return self._engine
             self._checked = now
-            current, known = self._engine, self._signature
+            current, known, known_stamps = self._engine, self._signature, self._stamps
+        stamps = self._write_stamps()
+        if current is not None and stamps is not None and stamps == known_stamps:
+            return current  # nothing was written since the last check: no need to read the catalog again
         signature, catalog = self._index_signature()
         if current is not None and signature == known:
+            with self._lock:
+                self._stamps = stamps
             return current
         with self._loading:  # one load at a time; a caller that waited finds it done
             if self._signature == signature and self._engine is not None:
@@ -159,8 +165,20 @@ class QueryService:
             engine = self._load()
             engine.catalog = catalog  # what the answers of this engine cite: their provenance reads it
             with self._lock:
-                self._engine, self._signature = engine, signature
+                self._engine, self._signature, self._stamps = engine, signature, stamps
             return engine
+
+    def _write_stamps(self) -> tuple | None:
+        """When each table and corpus file a query reads was last written (a new LanceDB version adds a
+        manifest to the table's _versions folder): a few stats instead of reading the catalog, which takes
+        ~0.1 s at 50,000 documents. None where a folder is missing: then the catalog is read."""
+        lance, corpus = Path(self.settings.lance_uri), Path(self.settings.index_dir) / "corpus"
+        versions = [lance / f"{name}.lance" / "_versions" for name in ("sources", "chunks")]
+        if not all(v.is_dir() for v in versions):
+            return None
+        files = (corpus / "built_from.json", lance_indexes.state_path(corpus))
+        return tuple(p.stat().st_mtime_ns for p in versions) + tuple(
+            p.stat().st_mtime_ns if p.exists() else 0 for p in files)
 
     def _load(self) -> QueryEngine:
         from lexgraph.index import LexIndex
