@@ -6,9 +6,7 @@ import shutil
 from pathlib import Path
 
 import dagster as dg
-import numpy as np
 import polars as pl
-import pytest
 
 from lexgraph.build.corpus_index import CorpusFiles
 from lexgraph.settings import Settings

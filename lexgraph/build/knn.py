@@ -442,7 +442,7 @@ def _as_ids(chunk_ids: Sequence[str] | np.ndarray) -> np.ndarray:
     ids = np.asarray(chunk_ids, dtype=str)
     if ids.ndim != 1:
         raise ValueError("chunk ids must be a flat sequence of strings")
-    if len(np.unique(ids)) != len(ids):
+    if pl.Series(ids, dtype=pl.String).n_unique() != len(ids):  # polars: numpy's unique of strings is slow
         raise ValueError("chunk ids must be unique")
     return ids
 
@@ -561,18 +561,18 @@ class KnnGraph:
         missing = set(STATE_SCHEMA) - set(state.columns)
         if missing:
             raise ValueError(f"state frame lacks columns {sorted(missing)}")
-        gone = _as_ids(removed)
-        if len(np.intersect1d(gone, ids)):
+        gone = _as_ids(removed).tolist()  # polars membership below: hashing millions of ids in numpy is slow
+        if gone and bool(pl.Series(gone, dtype=pl.String).is_in(pl.Series(ids, dtype=pl.String)).any()):
             raise ValueError("a removed chunk id is also among the chunks to restore")
-        rows = state.filter((pl.col("kind") == self.kind) & ~pl.col("chunk_id").is_in(gone.tolist()))
+        rows = state.filter((pl.col("kind") == self.kind) & ~pl.col("chunk_id").is_in(gone))
         rank = rows["rank"].to_numpy().astype(np.int64)
         if len(rank) and (rank.min() < 0 or rank.max() >= self.k):
             raise ValueError(f"state ranks must lie in [0, {self.k}): was it saved with another k?")
         owner = self._positions(rows["chunk_id"].to_numpy().astype(str))
-        if len(np.unique(owner * self.k + rank)) != len(rank):
+        if len(rank) and int(np.bincount(owner * self.k + rank).max()) > 1:  # bincount: unique() is slow at millions
             raise ValueError("state frame repeats a (chunk_id, rank) pair")
         neighbor_ids = rows["neighbor_id"].to_numpy().astype(str)
-        was_removed = np.isin(neighbor_ids, gone)
+        was_removed = rows["neighbor_id"].is_in(gone).to_numpy() if gone else np.zeros(len(neighbor_ids), dtype=bool)
         neighbors = np.full(len(neighbor_ids), _GONE, dtype=np.int64)
         neighbors[~was_removed] = self._positions(neighbor_ids[~was_removed])
         self._neighbors[owner, rank] = neighbors
