@@ -12,6 +12,7 @@ fusion and graph expansion plain array arithmetic. No Dagster here (DESIGN.md §
 from __future__ import annotations
 
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -32,6 +33,8 @@ from lexgraph.storage.vector_store import KEYWORDS, VectorStore
 
 METHODS = ("dense", "bm25", "keyword", "hybrid", "statement", "entity", "path")
 DEFAULT_TOP_N = 50
+# the lance backend's clause retrievals, shared by every retriever (its tasks never submit to it)
+_CLAUSE_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lance-clause")
 PREFETCH_ROWS = 40  # the lance backend's hybrid ranking: rows read ahead in one take for the context
 _TOKEN = re.compile(r"[^\W_]+")
 # "WolfgangSchulz" (a chat speaker) and "Wolfgang" (in the question) must meet: split camel case.
@@ -454,10 +457,17 @@ class Retriever:
     def _hybrid(self, query: str) -> np.ndarray:
         p = self.params
         parts = sub_queries(query) if p.decompose else []
-        vectors = self.embed_many([query, *parts])
-        rankings = self._fuse(query, vectors[0])
-        for part, vector in zip(parts, vectors[1:]):
-            rankings += [(s, w * p.decompose_weight / len(parts)) for s, w in self._fuse(part, vector)]
+        texts = [query, *parts]
+        vectors = self.embed_many(texts)
+        if self.index.lance is not None and parts:
+            # LanceDB queries run outside the GIL: the clauses side by side (a 2-clause question at 1M synthetic
+            # chunks: 286 ms against 438 ms one after another)
+            per_text = list(_CLAUSE_POOL.map(self._fuse, texts, vectors))
+        else:
+            per_text = [self._fuse(text, vector) for text, vector in zip(texts, vectors)]
+        rankings = per_text[0]
+        for ranking in per_text[1:]:
+            rankings += [(s, w * p.decompose_weight / len(parts)) for s, w in ranking]
         if p.fusion == "score":
             fused = score_fusion(rankings, self.index.size, p.fusion_depth)
         else:
