@@ -217,7 +217,7 @@ def main() -> None:
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # child process: one size, one k
     fresh = parser.add_argument_group("fresh-process add (a synthetic index, one new document, `lexgraph ingest`)")
     fresh.add_argument("--fresh-chunks", type=_positive_int, default=100_000, help="chunks in the synthetic index")
-    fresh.add_argument("--fresh-doc-chunks", type=_positive_int, default=50, help="chunks per synthetic document")
+    fresh.add_argument("--fresh-doc-chunks", type=_positive_int, default=100, help="chunks per synthetic document")
     fresh.add_argument("--fresh-new-chunks", type=_positive_int, default=DOC_CHUNKS, help="chunks of the added document")
     fresh.add_argument("--fresh-repeats", type=_positive_int, default=3, help="timed repeats (the median is reported)")
     fresh.add_argument("--fresh-cache", type=Path, help="folder of cached synthetic indexes (default .lexgraph/bench)")

@@ -8,7 +8,8 @@ through the Dagster asset graph (`orchestration.runner.ingest_with_default_insta
 
 - the documents: Markdown files of pseudo-words (syllable strings) written into an inbox, one
   `## heading` section per chunk, words drawn 70% from a global Zipf vocabulary and 30% from a
-  per-topic one, with capitalised topic words as proper nouns. Everything after that is real:
+  per-topic one (about 60k distinct keywords at 100k chunks), 5% of them proper names (4 per
+  topic). Everything after that is real:
   reading, chunking (the model's own tokenizer), keywords, heuristic extraction, Kùzu and
   LanceDB writes, and the corpus job (KNN, PageRank, skeleton, keyword index, lexical graph);
 - the vectors: the embedder resource hands the assets a SyntheticEmbedder that counts tokens
@@ -42,12 +43,17 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 # Bump when the generated text or vectors change: the cache key then changes with it.
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 DIM = 384
 WORDS_PER_CHUNK = 60
 WORDS_PER_SENTENCE = 12
-GLOBAL_VOCABULARY = 50_000
-TOPIC_VOCABULARY = 300
+# Sized so that 100k chunks hold about 60k distinct keywords, as a real corpus of ~6M words would (Heaps'
+# law), not one new word per draw: the keyword index's cost grows with it.
+GLOBAL_VOCABULARY = 30_000
+TOPIC_POOL = 20_000  # topic words come from one pool, each topic using its own TOPIC_VOCABULARY of them
+TOPIC_VOCABULARY = 200
+NAMES_PER_TOPIC = 4  # proper names (entities) per topic
+NAME_SHARE = 0.05  # share of word slots holding a proper name
 CLUSTER_SIZE = 50
 SUBTOPIC_SIZE = 5
 # Syllables of the pseudo-words; markers start with letters outside them, so they never occur by chance.
@@ -65,7 +71,7 @@ class CorpusSpec:
     """What the generator makes: `chunks` chunks in documents of `doc_chunks` chunks each."""
 
     chunks: int
-    doc_chunks: int = 50
+    doc_chunks: int = 100
     seed: int = 7
 
     def __post_init__(self) -> None:
@@ -115,15 +121,24 @@ def markers(text: str) -> tuple[int | None, int | None]:
 # --- documents -----------------------------------------------------------------------------------
 
 
+def _topic_word(topic: int, rank: int) -> str:
+    """The rank-th word of a topic's vocabulary: a spread-out subset of the shared topic pool."""
+    return word(GLOBAL_VOCABULARY + (topic * 7919 + (rank % TOPIC_VOCABULARY) * 104_729) % TOPIC_POOL, 3)
+
+
+def _name(topic: int, which: int) -> str:
+    return word(GLOBAL_VOCABULARY + TOPIC_POOL + topic * NAMES_PER_TOPIC + which, 3).capitalize()
+
+
 def _sentences(rng: np.random.Generator, topic: int, words: int) -> str:
     ranks = rng.zipf(1.2, size=words)
-    topical = rng.random(words) < 0.3
-    proper = rng.random(words) < 0.25
+    kind = rng.random(words)
     tokens = []
-    for rank, is_topic, is_proper in zip(ranks.tolist(), topical.tolist(), proper.tolist()):
-        if is_topic:
-            text = word(GLOBAL_VOCABULARY + topic * TOPIC_VOCABULARY + rank % TOPIC_VOCABULARY, 3)
-            tokens.append(text.capitalize() if is_proper else text)
+    for rank, draw in zip(ranks.tolist(), kind.tolist()):
+        if draw < NAME_SHARE:
+            tokens.append(_name(topic, rank % NAMES_PER_TOPIC))
+        elif draw < 0.3:
+            tokens.append(_topic_word(topic, rank))
         else:
             tokens.append(word(rank % GLOBAL_VOCABULARY))
     sentences = []
@@ -316,7 +331,7 @@ def build(index: SyntheticIndex, progress: bool = True) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Build (once) a synthetic index through lexgraph's ingestion.")
     parser.add_argument("--chunks", type=int, required=True)
-    parser.add_argument("--doc-chunks", type=int, default=50)
+    parser.add_argument("--doc-chunks", type=int, default=CorpusSpec.doc_chunks)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--cache", type=Path, default=None, help="folder of cached indexes (.lexgraph/bench)")
     parser.add_argument("--quiet", action="store_true")
