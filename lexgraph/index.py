@@ -61,7 +61,7 @@ class LexIndex:
     def embedder(self):
         from lexgraph.extract.embedder import Embedder
 
-        return Embedder.shared(self.settings.embed_model)
+        return Embedder.shared(self.settings.embed_model, backend=self.settings.embed_backend)
 
     @contextmanager
     def graph_writer(self) -> Iterator[GraphStore]:
@@ -77,14 +77,17 @@ class LexIndex:
             graph.close()
 
     def retriever(self, params=None):
-        """A retriever over this index's chunks, keywords and corpus graph, loaded into memory."""
-        from lexgraph.query.retrieval import Retriever, load_index
+        """A retriever over this index: loaded into memory, or querying LanceDB's search indexes when the
+        query backend setting chooses them for this many chunks (every command decides the same way)."""
+        from lexgraph.query.retrieval import Retriever, load_index, load_lance_index
 
-        if self.vectors.count("chunks") == 0:
+        chunks = self.vectors.count("chunks")
+        if chunks == 0:
             raise EmptyIndexError(f"the index {self.settings.index_dir} is empty")
         embedder = self.embedder()
+        load = load_lance_index if self.settings.uses_lance(chunks) else load_index
         # Queries over the model's input limit are windowed and pooled (chunks never are: they are refused).
-        return Retriever(load_index(self.settings, params), embedder.embed_query, params, embedder.embed_queries)
+        return Retriever(load(self.settings, params), embedder.embed_query, params, embedder.embed_queries)
 
     def search(self, text: str, k: int = 5, method: str = "hybrid"):
         """Top-k chunks for a query by one retrieval method (hybrid by default)."""

@@ -33,6 +33,7 @@ class IndexResource(dg.ConfigurableResource):
     collection: str = ""
     chunk_tokens: int = 0
     embed_model: str = ""
+    embed_backend: str = ""
     knn_k: int = 0
     knn_mode: str = ""
     beta: float = -1.0
@@ -42,21 +43,26 @@ class IndexResource(dg.ConfigurableResource):
     llm_model: str = ""
     pii_masking: str = ""
     entity_types: str = ""  # comma-separated
+    query_backend: str = ""  # decides whether the corpus job builds LanceDB's search indexes
+    lance_threshold: int = 0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "IndexResource":
         return cls(home=str(settings.home), collection=settings.collection, chunk_tokens=settings.chunk_tokens,
-                   embed_model=settings.embed_model, knn_k=settings.knn_k, knn_mode=settings.knn_mode,
-                   beta=settings.beta, llm_base_url=settings.llm_base_url, llm_model=settings.llm_model,
-                   pii_masking=settings.pii_masking, entity_types=",".join(settings.entity_types))
+                   embed_model=settings.embed_model, embed_backend=settings.embed_backend, knn_k=settings.knn_k,
+                   knn_mode=settings.knn_mode, beta=settings.beta, llm_base_url=settings.llm_base_url,
+                   llm_model=settings.llm_model, pii_masking=settings.pii_masking,
+                   entity_types=",".join(settings.entity_types), query_backend=settings.query_backend,
+                   lance_threshold=settings.lance_threshold)
 
     def settings(self) -> Settings:
         return Settings.from_env(
             home=self.home or None, collection=self.collection or None, chunk_tokens=self.chunk_tokens or None,
-            embed_model=self.embed_model or None, knn_k=self.knn_k or None, knn_mode=self.knn_mode or None,
-            beta=self.beta if self.beta >= 0 else None, llm_base_url=self.llm_base_url or None,
-            llm_model=self.llm_model or None, pii_masking=self.pii_masking or None,
-            entity_types=self.entity_types or None)
+            embed_model=self.embed_model or None, embed_backend=self.embed_backend or None,
+            knn_k=self.knn_k or None, knn_mode=self.knn_mode or None, beta=self.beta if self.beta >= 0 else None,
+            llm_base_url=self.llm_base_url or None, llm_model=self.llm_model or None,
+            pii_masking=self.pii_masking or None, entity_types=self.entity_types or None,
+            query_backend=self.query_backend or None, lance_threshold=self.lance_threshold or None)
 
     def extract_store(self) -> ExtractStore:
         return ExtractStore(self.settings().extract_dir)

@@ -206,3 +206,14 @@ def test_console_script_ingest_then_status_and_search_agree(tiny_corpus, tmp_pat
     assert f"index {settings.index_dir} (collection other" in run("status")
     assert "Søren notes: 2024.md" in run("search", "Who chairs the board of Alpha Shipping?", "-k", "2")
     assert sorted(p.name for p in (tmp_path / "home").iterdir()) == ["other"]
+
+
+def test_the_dagster_index_resource_carries_every_setting_it_is_built_from(tmp_path):
+    """A setting the CLI honours must reach the assets too: the resource round-trips each one."""
+    from resources import IndexResource
+
+    explicit = Settings.from_env({}, home=str(tmp_path), embed_backend="torch", query_backend="lance",
+                                 lance_threshold=1000, knn_k=7, beta=0.5)
+    carried = IndexResource.from_settings(explicit).settings()
+    for name in ("embed_backend", "query_backend", "lance_threshold", "knn_k", "beta", "index_version"):
+        assert getattr(carried, name) == getattr(explicit, name), name

@@ -78,7 +78,7 @@ def ensure_index(corpus: PreparedCorpus, indexer: CorpusIndexer, progress: bool 
     from lexgraph.storage.vector_store import VectorStore
 
     settings = Settings.from_env(home=corpus.index_home)
-    embedder = Embedder.shared(settings.embed_model)
+    embedder = Embedder.shared(settings.embed_model, backend=settings.embed_backend)
     before, start = embedder.stats.tokens, time.perf_counter()
     silence = contextlib.nullcontext() if progress else contextlib.redirect_stderr(io.StringIO())
     with silence:
@@ -307,7 +307,7 @@ def evaluate_index(settings: Settings, questions_path: str | Path, budget: int =
         raise BenchError(str(error)) from None
     params = params or RetrievalParams()
     index = load_index(settings, params)
-    embedder = Embedder.shared(settings.embed_model)
+    embedder = Embedder.shared(settings.embed_model, backend=settings.embed_backend)
     tokens_before = embedder.stats.tokens
     retriever = Retriever(index, embedder.embed_query, params, embedder.embed_queries)
     engine = build_engine(retriever, budget) if set(methods) & set(ENGINE_METHODS) else None

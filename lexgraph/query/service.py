@@ -185,12 +185,8 @@ class QueryService:
         from lexgraph.query.router import Router, default_exemplars
 
         index = LexIndex(self.settings)
-        chunks = index.vectors.count("chunks")
-        lance = self.settings.uses_lance(chunks)
-        if lance:
-            retriever = self._lance_retriever(index, chunks)
-        else:
-            retriever = index.retriever()  # raises EmptyIndexError when nothing is indexed
+        retriever = index.retriever()  # raises EmptyIndexError when nothing is indexed
+        lance = retriever.index.lance is not None
         embedder = index.embedder()
         router = self._router
         if router is None:
@@ -204,18 +200,9 @@ class QueryService:
 
             answerer, decompose = LLMAnswerer(llm, extractive), llm_decomposer(llm)
         if lance:
-            return ScaleQueryEngine(retriever, router, answerer, self.params, decompose, chunks=chunks,
-                                    threshold=self.settings.lance_threshold)
+            return ScaleQueryEngine(retriever, router, answerer, self.params, decompose,
+                                    chunks=retriever.index.size, threshold=self.settings.lance_threshold)
         return QueryEngine(retriever, router, answerer, self.params, decompose)
-
-    def _lance_retriever(self, index, chunks: int):
-        from lexgraph.index import EmptyIndexError
-        from lexgraph.query.retrieval import Retriever, load_lance_index
-
-        if chunks == 0:
-            raise EmptyIndexError(f"the index {self.settings.index_dir} is empty")
-        embedder = index.embedder()
-        return Retriever(load_lance_index(self.settings), embedder.embed_query, None, embedder.embed_queries)
 
     def _llm_client(self):
         from lexgraph.build.lexical import llm_config
