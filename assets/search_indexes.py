@@ -31,11 +31,13 @@ def search_indexes(context: dg.AssetExecutionContext, index: IndexResource,
         context.log.info(f"{chunks} chunks, below LEXGRAPH_LANCE_THRESHOLD={settings.lance_threshold}: queries "
                          "load the index into memory; no search indexes built")
         return dg.MaterializeResult(metadata={**common, "decision": "below threshold: none"})
-    links = ci.keyword_chunk_links(index.extract_store(), sorted(store.indexed_hashes()))
+    extract = index.extract_store()
+    links = lance_indexes.DocumentLinks(store.indexed_hashes(), lambda docs: ci.keyword_chunk_links(extract, docs))
     report = lance_indexes.refresh(store, index.corpus_files().root, links)
     context.log.info(f"search indexes: {report['decision']} over {chunks} chunks in {report['seconds']} s")
     return dg.MaterializeResult(metadata={
         **common, "decision": report["decision"], "seconds": report["seconds"],
-        "build_seconds": dg.MetadataValue.json(report["build_seconds"]), "keyword_links": report["keyword_links"],
+        "build_seconds": dg.MetadataValue.json(report["build_seconds"]),
+        "keyword_links": dg.MetadataValue.json(report["keyword_links"]),
         "unindexed_rows": report["unindexed_rows"],
         "state": dg.MetadataValue.path(str(lance_indexes.state_path(index.corpus_files().root)))})

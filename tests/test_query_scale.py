@@ -180,3 +180,52 @@ def _wait(client, process, log_path) -> dict:
         except httpx.TransportError:
             assert time.monotonic() < deadline, log_path.read_text()[-3000:]
             time.sleep(0.25)
+
+
+def _links_table(store: VectorStore) -> dict[str, list[str]]:
+    rows = store.db.open_table(li.KEYWORD_LINKS).to_arrow().to_pylist()
+    return {r["keyword"]: sorted(r["chunk_ids"]) for r in rows if r["chunk_ids"]}
+
+
+def test_keyword_links_are_updated_by_document_and_end_equal_to_a_rewrite(lance_home, tmp_path):
+    """Removing, changing and re-adding documents touches only their keywords' rows, and the table always
+    equals one written whole from the same catalog; a run repeated after a kill changes nothing."""
+    from lexgraph.build import corpus_index as ci
+
+    home = tmp_path / "index"
+    shutil.copytree(lance_home, home)
+    settings = Settings.from_env(home=home)
+    store, extract, corpus = VectorStore(settings.lance_uri), ExtractStore(settings.extract_dir), tmp_path / "corpus"
+    corpus.mkdir()
+    read = lambda docs: ci.keyword_chunk_links(extract, docs)  # noqa: E731
+    full = store.indexed_hashes()
+    first = li.update_keyword_links(store, corpus, li.DocumentLinks(full, read))
+    assert first["keyword_links_mode"] == "rewritten"
+    everything = _links_table(store)
+    gone, changed = sorted(full)[:2], sorted(full)[2]
+
+    def expected(catalog):
+        return {k: v for k, v in li._grouped(read(sorted(catalog))).select("keyword", "chunk_ids").iter_rows()}
+
+    smaller = {d: h for d, h in full.items() if d not in gone}
+    report = li.update_keyword_links(store, corpus, li.DocumentLinks(smaller, read))
+    assert report["keyword_links_mode"] == "diff" and report["documents_read"] == 0
+    assert report["documents_removed"] == 2 and report["keywords_deleted"] > 0
+    assert _links_table(store) == expected(smaller) != everything
+    edited = {**smaller, changed: "another version"}  # same chunks, new hash: its keywords are re-read
+    report = li.update_keyword_links(store, corpus, li.DocumentLinks(edited, read))
+    assert report["documents_read"] == 1 and report["documents_removed"] == 1
+    assert _links_table(store) == expected(smaller)
+    back = li.update_keyword_links(store, corpus, li.DocumentLinks(full, read))
+    assert back["documents_read"] == 3 - 1 + 1 and _links_table(store) == everything  # the 2 gone + `changed`
+    assert li.update_keyword_links(store, corpus, li.DocumentLinks(full, read))["keyword_links_mode"] == "unchanged"
+    # killed after the table write, before the record's: the record is the old one, and the rerun repairs
+    record = (corpus / li.LINK_DOCS_FILE).read_bytes()
+    li.update_keyword_links(store, corpus, li.DocumentLinks(smaller, read))
+    (corpus / li.LINK_DOCS_FILE).write_bytes(record)
+    li.update_keyword_links(store, corpus, li.DocumentLinks(smaller, read))
+    assert _links_table(store) == expected(smaller)
+    # a lost record: the table is rewritten whole, not trusted
+    (corpus / li.LINK_DOCS_FILE).unlink()
+    assert li.update_keyword_links(store, corpus, li.DocumentLinks(full, read))["keyword_links_mode"] == "rewritten"
+    assert _links_table(store) == everything

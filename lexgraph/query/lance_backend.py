@@ -28,7 +28,7 @@ import polars as pl
 
 from lexgraph.extract.keywords import sentence_keywords
 from lexgraph.storage import lance_indexes as li
-from lexgraph.storage.vector_store import CHUNKS, KEYWORDS, VectorStore
+from lexgraph.storage.vector_store import CHUNKS, KEYWORDS, VectorStore, _in_list
 
 ROW_COLUMNS = ["chunk_id", "doc_id", "text", "char_start", "char_end", "token_count", "source_path", "heading_path",
                "page_start", "page_end"]
@@ -45,14 +45,6 @@ class LanceParams:
     term_sample: int = 5000  # chunk texts the answerer's idf is estimated from
     keyword_candidates: int = 100  # chunks with the most keyword evidence re-scored by cosine
     row_cache: int = 20_000  # fetched chunk rows kept
-
-
-def _quote(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
-
-
-def _in(column: str, values) -> str:
-    return f"{column} IN ({', '.join(_quote(v) for v in values)})"
 
 
 class TermStats:
@@ -197,7 +189,7 @@ class LanceSearch:
         ).explode("chunk_ids").group_by("chunk_ids").agg(pl.col("e").sum()).sort(
             ["e", "chunk_ids"], descending=[True, False]).head(self.params.keyword_candidates)
         chunk_ids = evidence["chunk_ids"].to_list()
-        found = self.chunks.search().where(_in("chunk_id", chunk_ids)).select(
+        found = self.chunks.search().where(_in_list("chunk_id", chunk_ids)).select(
             ["chunk_id", "vector"]).with_row_id(True).limit(len(chunk_ids)).to_arrow()
         if found.num_rows == 0:
             return empty
@@ -222,7 +214,7 @@ class LanceSearch:
         wanted = list(dict.fromkeys([*weights, *verbatim]))
         if not wanted:
             return pl.DataFrame(), {}
-        links = pl.from_arrow(self.links.search().where(_in("keyword", wanted)).select(
+        links = pl.from_arrow(self.links.search().where(_in_list("keyword", wanted)).select(
             ["keyword", "chunk_ids", "chunk_count"]).limit(len(wanted)).to_arrow())
         for keyword in set(links["keyword"].to_list()) & set(verbatim):
             weights[keyword] = max(weights.get(keyword, 0.0), exact_weight)

@@ -16,12 +16,13 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import polars as pl
 import pyarrow as pa
 from lancedb.index import FTS, BTree, IvfFlat, IvfPq
 
-from lexgraph.storage.vector_store import CHUNKS, KEYWORDS, VectorStore
+from lexgraph.storage.vector_store import CHUNKS, KEYWORDS, VectorStore, _in_list
 
 KEYWORD_LINKS = "keyword_links"
 ANN_INDEX, FTS_INDEX, ID_INDEX, KEYWORD_ANN, LINK_INDEX = (
@@ -32,6 +33,7 @@ PQ_SUB_VECTORS = 48  # 8 dimensions each at 384-d: 48 bytes a vector in the inde
 STALE_SHARE = 0.05  # unindexed rows past this share of the table: optimize
 RETRAIN_FACTOR = 2.0  # table grown or shrunk this much since the ANN index was trained: retrain it
 STATE_FILE = "search_indexes.json"
+LINK_DOCS_FILE = "search_link_docs.parquet"  # doc_id, content hash, keyword: what the keyword_links table holds
 # one row per keyword (the query reads a few dozen keywords' links: rows, not thousands of pairs)
 LINK_SCHEMA = pa.schema([("keyword", pa.string()), ("chunk_ids", pa.list_(pa.string())), ("chunk_count", pa.int64())])
 
@@ -103,22 +105,111 @@ def build_chunk_indexes(store: VectorStore) -> dict[str, float]:
     return seconds
 
 
+@dataclass(frozen=True)
+class DocumentLinks:
+    """The catalog (doc_id -> content hash) and how to read some documents' keyword links (keyword,
+    chunk_id), so the links table is brought up to date by document, not rewritten."""
+
+    catalog: dict[str, str]
+    read: Callable[[list[str]], pl.DataFrame]
+
+
+def _grouped(links: pl.DataFrame) -> pl.DataFrame:
+    return links.select("keyword", "chunk_id").unique().group_by("keyword").agg(
+        pl.col("chunk_id").sort().alias("chunk_ids"), pl.len().cast(pl.Int64).alias("chunk_count")).sort("keyword")
+
+
 def write_keyword_links(store: VectorStore, links: pl.DataFrame) -> int:
     """The keyword→chunk links (keyword, chunk_id pairs) as one row per keyword (its chunk ids and their
-    count), replacing the table; the keyword vectors get an ANN index once there are enough of them. Returns
-    the number of links."""
-    grouped = links.select("keyword", "chunk_id").unique().group_by("keyword").agg(
-        pl.col("chunk_id").sort().alias("chunk_ids"), pl.len().cast(pl.Int64).alias("chunk_count")).sort("keyword")
+    count), replacing the table. Returns the number of links."""
+    grouped = _grouped(links)
     table = store.db.create_table(KEYWORD_LINKS, data=grouped.to_arrow().cast(LINK_SCHEMA), mode="overwrite")
     if grouped.height:
         table.create_index("keyword", config=BTree(), replace=True, name=LINK_INDEX)
-    if KEYWORDS in store.table_names():
-        keywords = store.db.open_table(KEYWORDS)
-        count = keywords.count_rows()
-        keywords.create_index("keyword", config=BTree(), replace=True, name=LINK_INDEX)
-        if count >= PQ_FROM_ROWS:
-            build_ann(keywords, count, KEYWORD_ANN)
     return int(grouped["chunk_count"].sum()) if grouped.height else 0
+
+
+def _document_of(chunk_ids: pl.Expr) -> pl.Expr:
+    """A chunk id is "<doc_id>-c<order>-<hex hash>" (lexgraph.ids.chunk_id): the document is before the last "-c"."""
+    return chunk_ids.str.replace(r"-c\d+-[0-9a-f]+$", "")
+
+
+def update_keyword_links(store: VectorStore, corpus_dir: Path, links: DocumentLinks) -> dict:
+    """Bring the links table to the catalog touching only the keywords of documents added, changed or removed
+    since it was written (recorded in LINK_DOCS_FILE); no table or no record: rewritten whole. Idempotent, so a
+    kill between the table write and the record's leaves a state the next run repairs."""
+    record_path = Path(corpus_dir) / LINK_DOCS_FILE
+    record = pl.read_parquet(record_path) if record_path.exists() else None
+    if record is None or KEYWORD_LINKS not in store.table_names():
+        fresh = links.read(sorted(links.catalog))
+        written = write_keyword_links(store, fresh)
+        _write_record(record_path, fresh, links.catalog)
+        return {"keyword_links_mode": "rewritten", "documents_read": len(links.catalog), "keyword_links": written}
+    held = dict(record.select("doc_id", "hash").unique().iter_rows())
+    changed = sorted(d for d, h in links.catalog.items() if held.get(d) != h)
+    replaced = sorted(d for d in held if links.catalog.get(d) != held[d])
+    if not changed and not replaced:
+        return {"keyword_links_mode": "unchanged", "documents_read": 0, "keywords_written": 0}
+    fresh = links.read(changed).select("keyword", "chunk_id").unique()
+    touched = sorted(set(record.filter(pl.col("doc_id").is_in(replaced))["keyword"].to_list())
+                     | set(fresh["keyword"].to_list()))
+    table = store.db.open_table(KEYWORD_LINKS)
+    kept = pl.DataFrame(schema={"keyword": pl.String, "chunk_id": pl.String})
+    if touched:
+        old = pl.from_arrow(table.search().where(_in_list("keyword", touched)).select(["keyword", "chunk_ids"])
+                            .limit(len(touched)).to_arrow())
+        if old.height:
+            kept = (old.explode("chunk_ids").rename({"chunk_ids": "chunk_id"}).drop_nulls("chunk_id")
+                    .filter(~_document_of(pl.col("chunk_id")).is_in(replaced)))
+    rows = _grouped(pl.concat([kept, fresh]))
+    table.delete(_in_list("keyword", touched)) if touched else None
+    if rows.height:
+        table.add(rows.to_arrow().cast(LINK_SCHEMA))
+    _write_record(record_path, fresh, {d: links.catalog[d] for d in changed},
+                  keep=record.filter(~pl.col("doc_id").is_in(replaced) & pl.col("doc_id").is_in(list(links.catalog))))
+    return {"keyword_links_mode": "diff", "documents_read": len(changed), "documents_removed": len(replaced),
+            "keywords_written": rows.height, "keywords_deleted": len(touched) - rows.height}
+
+
+def _write_record(path: Path, links: pl.DataFrame, hashes: dict[str, str], keep: pl.DataFrame | None = None) -> None:
+    """(doc_id, hash, keyword) of the documents the table holds, replaced atomically."""
+    pairs = links.select(_document_of(pl.col("chunk_id")).alias("doc_id"), "keyword").unique()
+    # a document without keywords is still recorded (keyword null), so it is not read again next time
+    docs = pl.DataFrame({"doc_id": list(hashes), "hash": list(hashes.values())}, schema={"doc_id": pl.String,
+                                                                                       "hash": pl.String})
+    rows = docs.join(pairs, on="doc_id", how="left").select("doc_id", "hash", "keyword")
+    if keep is not None:
+        rows = pl.concat([keep.select("doc_id", "hash", "keyword"), rows])
+    partial = path.with_suffix(".tmp")
+    rows.write_parquet(partial)
+    partial.replace(path)
+
+
+def refresh_keyword_indexes(store: VectorStore, state: dict) -> dict:
+    """The keyword vectors' ANN index is trained when missing or when the keyword count has doubled or halved
+    since (new keywords are searched flat meanwhile); the links' BTREE is folded in like the chunk indexes."""
+    if KEYWORDS not in store.table_names():
+        return {}
+    keywords = store.db.open_table(KEYWORDS)
+    count, trained = keywords.count_rows(), state.get("keyword_trained_rows")
+    done = {}
+    if count >= PQ_FROM_ROWS:
+        has_ann = KEYWORD_ANN in {i.name for i in keywords.list_indices()}
+        if not has_ann or not trained or count > trained * RETRAIN_FACTOR or count * RETRAIN_FACTOR < trained:
+            build_ann(keywords, count, KEYWORD_ANN)
+            state["keyword_trained_rows"] = count
+            done["keyword_ann"] = "trained"
+    if KEYWORD_LINKS in store.table_names():
+        links = store.db.open_table(KEYWORD_LINKS)
+        link_state = index_states(links, (LINK_INDEX,))[LINK_INDEX]
+        rows = links.count_rows()
+        if rows and not link_state.present:
+            links.create_index("keyword", config=BTree(), replace=True, name=LINK_INDEX)
+            done["keyword_btree"] = "built"
+        elif (link_state.unindexed or 0) > STALE_SHARE * max(rows, 1):
+            links.optimize()
+            done["keyword_btree"] = "optimized"
+    return done
 
 
 def state_path(corpus_dir: Path) -> Path:
@@ -152,9 +243,10 @@ def refresh_decision(rows: int, trained_rows: int | None, states: dict[str, Inde
     return "optimize" if unindexed > STALE_SHARE * max(rows, 1) else "current"
 
 
-def refresh(store: VectorStore, corpus_dir: Path, links: pl.DataFrame | None = None) -> dict:
-    """Bring the search indexes up to date with the chunk table (build, optimize or leave them), and rewrite
-    the keyword links when given. Returns what was done, for the asset's metadata."""
+def refresh(store: VectorStore, corpus_dir: Path, links: "pl.DataFrame | DocumentLinks | None" = None) -> dict:
+    """Bring the search indexes up to date with the chunk table (build, optimize or leave them) and the keyword
+    links with the catalog: rewritten from a frame, or updated by document from DocumentLinks. Returns what was
+    done, for the asset's metadata."""
     table = store.db.open_table(CHUNKS)
     rows = table.count_rows()
     state = read_state(corpus_dir)
@@ -166,11 +258,17 @@ def refresh(store: VectorStore, corpus_dir: Path, links: pl.DataFrame | None = N
         state = {"trained_rows": rows}
     elif decision == "optimize":
         table.optimize()
-    link_rows = write_keyword_links(store, links) if links is not None else None
+    if isinstance(links, DocumentLinks):
+        link_report = update_keyword_links(store, corpus_dir, links)
+    elif links is not None:
+        link_report = {"keyword_links_mode": "rewritten", "keyword_links": write_keyword_links(store, links)}
+    else:
+        link_report = {}
+    link_report.update(refresh_keyword_indexes(store, state))
     after = chunk_index_states(store)
     state.update({"rows": rows, "decision": decision, "at": time.time(),
                   "indexes": {name: asdict(s) for name, s in after.items()}})
     _write_state(corpus_dir, state)
     return {"decision": decision, "rows": rows, "seconds": round(time.perf_counter() - started, 2),
-            "build_seconds": seconds, "keyword_links": link_rows,
+            "build_seconds": seconds, "keyword_links": link_report,
             "unindexed_rows": max((s.unindexed or 0) for s in after.values())}
