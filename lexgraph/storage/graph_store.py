@@ -225,12 +225,11 @@ class GraphStore:
         return dict(zip(found["doc_id"].to_list(), found["n"].to_list())) if found.height else {}
 
     def replace_lexical_graph(self, nodes: dict[str, pl.DataFrame], edges: dict[str, pl.DataFrame]) -> None:
-        """The whole lexical graph at once: every Statement, Topic, Fact and Entity node (with their edges) is
-        deleted, then the given ones copied in. nodes: table -> rows in the table's column order; edges:
+        """The whole lexical graph at once: the Statement, Topic, Fact and Entity tables and their rel tables are
+        emptied (dropped and created again), then the given rows copied in. nodes: table -> rows in the table's column order; edges:
         rel table -> rows with `from`, `to` and the rel's properties. Edges to nodes that are not in the graph
         (e.g. a chunk of a document not loaded) are dropped, not failed on."""
-        for table in LEXICAL_NODES:
-            self.conn.execute(f"MATCH (n:{table}) DETACH DELETE n")
+        self._recreate(*LEXICAL_RELS, *LEXICAL_NODES)  # not DETACH DELETE: that goes row by row
         for table in LEXICAL_NODES:
             if table in nodes:
                 self._copy(table, nodes[table])
