@@ -135,7 +135,7 @@ def print_builds(results: list[dict]) -> None:
     for other in results[1:]:
         worst = min(other["recall@5"][k] - base["recall@5"][k] for k in base["recall@5"])
         print(f"build speed-up {other['backend']} over {base['backend']}: x{base['seconds'] / other['seconds']:.2f}; "
-              f"largest recall@5 drop: {max(-worst, 0):.3f}")
+              f"largest recall@5 drop: {max(-worst, 0.0) + 0.0:.3f}")
 
 
 if __name__ == "__main__":
