@@ -8,7 +8,7 @@ export LEXGRAPH_HOME ?= $(CURDIR)/.lexgraph
 export HF_HUB_OFFLINE := 1
 SHARED ?= ../shared
 
-.PHONY: install demo test dev dev-prod bench bench-musique bench-router bench-ingest bench-scale bench-incremental bench-extraction bench-serve bench-sensor clean
+.PHONY: install demo test dev dev-prod bench bench-musique bench-router bench-ingest bench-scale bench-incremental bench-extraction bench-serve bench-sensor bench-embedder bench-query-scale clean
 
 # torch is installed first and pinned: the local CPU build; an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -83,6 +83,15 @@ bench-serve: $(STAMP)
 # the inbox sensor over 10,000 small files on a temporary SQLite instance (docs/BENCHMARKS.md)
 bench-sensor: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_sensor
+
+# torch against the default embedding backend: throughput on the same texts, then a full LiHua-World build each
+bench-embedder: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_embedder --corpus $(SHARED)/datasets/lihua-world/LiHuaWorld.zip --questions $(SHARED)/datasets/lihua-world/questions.dev.json
+
+# lexgraph serve over synthetic 100k- and 1M-chunk indexes through LanceDB's search indexes (built once, cached)
+bench-query-scale: $(STAMP)
+	$(BIN)/python benchmarks/bench_query_scale.py --chunks 100000
+	$(BIN)/python benchmarks/bench_query_scale.py --chunks 1000000
 
 clean:
 	rm -rf .lexgraph .dagster_home
