@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -62,8 +63,12 @@ def run_timed(args: list[str], env: dict[str, str]) -> Timed:
     started = time.perf_counter()
     child = subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
-    output = child.stdout.read() if child.stdout else ""
-    _, status, usage = os.wait4(child.pid, 0)
+    try:
+        output = child.stdout.read() if child.stdout else ""
+        _, status, usage = os.wait4(child.pid, 0)
+    except BaseException:  # interrupted: never leave a child writing into the work copy
+        child.kill()
+        raise
     seconds = time.perf_counter() - started
     child.returncode = os.waitstatus_to_exitcode(status)
     if child.returncode != 0:
@@ -161,6 +166,7 @@ def measure(spec: CorpusSpec, repeats: int, new_chunks: int = 20, cache: Path | 
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     if new_chunks < 1:
         raise ValueError(f"the new document needs at least 1 chunk, got {new_chunks}")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so a terminated bench kills its child too
     index = SyntheticIndex.under(spec, cache)
     result = FreshAddResult(spec, new_chunks, ensure_built(index, cache), 0.0)
     log(f"synthetic index {index.root} ({result.build}): {spec.chunks} chunks in {spec.documents} documents")
