@@ -24,7 +24,8 @@ DEFAULT_MODEL = "all-MiniLM-L6-v2"
 QUERY_WINDOW_OVERLAP = 32
 TORCH, ONNX, ONNX_INT8 = "torch", "onnx", "onnx-int8"
 EMBED_BACKENDS = (TORCH, ONNX, ONNX_INT8)
-# Adopted after docs/BENCHMARKS.md ("A faster embedder at equal quality"): torch's vectors (cosine 1.0000), a fraction of the time.
+# Adopted after docs/BENCHMARKS.md ("A faster embedder at equal quality"): torch's vectors (cosine 1.0000),
+# a fraction of the time.
 DEFAULT_BACKEND = ONNX
 _CACHE: dict[tuple[str, str, str], "Embedder"] = {}
 _CACHE_LOCK = threading.Lock()
