@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_serve import Client, free_port, percentile, rss_mb  # noqa: E402
+from bench_serve import Client, free_port, percentile, rss_mb, stop  # noqa: E402
 from lexgraph.ids import chunk_id  # noqa: E402
 from lexgraph.settings import Settings  # noqa: E402
 from lexgraph.storage import lance_indexes as li  # noqa: E402
@@ -277,12 +277,7 @@ def serve_figures(home: Path, asked: list[str], env_extra: dict, clients: int, s
         figures.update(concurrent(port, asked, clients, seconds))
         figures["rss_after_load_mb"], figures["hwm_after_load_mb"] = rss_mb(server.pid)
     finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        shutil.rmtree(scratch, ignore_errors=True)
+        stop(server, scratch)
     return figures
 
 

@@ -37,6 +37,16 @@ def load_questions(path: Path) -> list[str]:
     return [row["question"] for row in rows]
 
 
+def stop(server: subprocess.Popen, scratch: Path) -> None:
+    """End the server (killed if it has not stopped within 30 s) and remove its scratch home."""
+    server.terminate()
+    try:
+        server.wait(30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -249,12 +259,7 @@ def main() -> None:
         server_loaded = server_latency(query_log(scratch)[logged:])
         answers = sum(map(len, loaded.values()))
     finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        shutil.rmtree(scratch, ignore_errors=True)
+        stop(server, scratch)
 
     print()
     print(f"command: python -m benchmarks.bench_serve --home {args.home} --questions {args.questions} "
