@@ -255,5 +255,8 @@ class GraphStore:
     def count(self, table: str) -> int:
         if self.conn is None:
             return 0
-        pattern = f"MATCH (n:{table})" if table[0].isupper() and not table.isupper() else f"MATCH ()-[n:{table}]->()"
-        return int(self.conn.execute(f"{pattern} RETURN count(n)").get_next()[0])
+        if table[0].isupper() and not table.isupper():
+            return int(self.conn.execute(f"MATCH (n:{table}) RETURN count(n)").get_next()[0])
+        # a rel table counted through its endpoints, never count(r): see edge_count
+        found = self.conn.execute(f"MATCH (a)-[r:{table}]->(b) WITH a.id AS s, b.id AS d RETURN count(*)")
+        return int(found.get_next()[0])
