@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -39,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_serve import Client, free_port, percentile, rss_mb, stop  # noqa: E402
+from bench_serve import Client, percentile, rss_mb, start_server, stop, until_up  # noqa: E402
 from lexgraph.ids import chunk_id  # noqa: E402
 from lexgraph.settings import Settings  # noqa: E402
 from lexgraph.storage import lance_indexes as li  # noqa: E402
@@ -151,7 +149,6 @@ def bench_home(n: int) -> Path:
 
 def build(n: int, home: Path) -> dict:
     """Write the synthetic index (chunk rows in batches, sources, keywords, links), then its search indexes."""
-    settings = Settings(home=home)
     partial = home.with_name(home.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     store = VectorStore(Settings(home=partial).lance_uri)
@@ -239,26 +236,12 @@ def serve_figures(home: Path, asked: list[str], env_extra: dict, clients: int, s
     (scratch / "default").mkdir()
     (scratch / "default" / Settings.from_env(home=scratch).index_version).symlink_to(
         index_dir(home), target_is_directory=True)
-    env = {k: v for k, v in os.environ.items() if k not in ("LEXGRAPH_LLM_BASE_URL", "OPENAI_BASE_URL",
-                                                             "LEXGRAPH_SERVE_TOKEN")}
-    env.update(HF_HUB_OFFLINE="1", LEXGRAPH_HOME=str(scratch), **env_extra)
-    port = free_port()
-    log_path = scratch / "serve.log"
     started = time.perf_counter()
-    with open(log_path, "wb") as log:
-        server = subprocess.Popen([sys.executable, "-m", "lexgraph.cli", "serve", "--host", "127.0.0.1", "--port",
-                                   str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    server, port, log_path = start_server(scratch, **env_extra)
     figures: dict = {}
     try:
         client = Client(port)
-        while True:
-            if server.poll() is not None:
-                raise SystemExit(f"serve exited with {server.returncode}:\n{log_path.read_text()[-3000:]}")
-            try:
-                status, body, _ = client.ask(asked[0], "semantic")
-                break
-            except OSError:
-                time.sleep(0.05)
+        status, body, _ = until_up(server, log_path, lambda: client.ask(asked[0], "semantic"))
         figures["first_answer_s"] = time.perf_counter() - started
         if status != 200:
             raise SystemExit(f"the first question got {status}: {body}\n{log_path.read_text()[-3000:]}")

@@ -37,6 +37,30 @@ def load_questions(path: Path) -> list[str]:
     return [row["question"] for row in rows]
 
 
+def start_server(scratch: Path, **env_extra: str) -> tuple[subprocess.Popen, int, Path]:
+    """`lexgraph serve` on a free loopback port over LEXGRAPH_HOME=scratch, with no LLM and no token; its
+    output goes to scratch/serve.log. Returns the process, its port and the log's path."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LEXGRAPH_LLM_BASE_URL", "OPENAI_BASE_URL", "LEXGRAPH_SERVE_TOKEN")}
+    env.update(HF_HUB_OFFLINE="1", LEXGRAPH_HOME=str(scratch), **env_extra)
+    port, log_path = free_port(), scratch / "serve.log"
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen([sys.executable, "-m", "lexgraph.cli", "serve", "--host", "127.0.0.1",
+                                   "--port", str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return server, port, log_path
+
+
+def until_up(server: subprocess.Popen, log_path: Path, call):
+    """`call()`'s result once the server accepts connections; exits with its log if the server dies first."""
+    while True:
+        if server.poll() is not None:
+            raise SystemExit(f"serve exited with {server.returncode}:\n{log_path.read_text()[-3000:]}")
+        try:
+            return call()
+        except OSError:
+            time.sleep(0.05)
+
+
 def stop(server: subprocess.Popen, scratch: Path) -> None:
     """End the server (killed if it has not stopped within 30 s) and remove its scratch home."""
     server.terminate()
@@ -166,25 +190,11 @@ def main() -> None:
     load_before = f"{os.getloadavg()[0]:.1f}"
     scratch = Path(tempfile.mkdtemp(prefix="lexgraph-serve-bench-"))
     (scratch / collection).symlink_to(home / collection, target_is_directory=True)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("LEXGRAPH_LLM_BASE_URL", "OPENAI_BASE_URL", "LEXGRAPH_SERVE_TOKEN")}
-    env.update(HF_HUB_OFFLINE="1", LEXGRAPH_HOME=str(scratch))
-    port = free_port()
-    log_path = scratch / "serve.log"
     started = time.perf_counter()
-    with open(log_path, "wb") as log:
-        server = subprocess.Popen([sys.executable, "-m", "lexgraph.cli", "serve", "--host", "127.0.0.1",
-                                   "--port", str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    server, port, log_path = start_server(scratch)
     try:
         client = Client(port)
-        while True:
-            if server.poll() is not None:
-                raise SystemExit(f"serve exited with {server.returncode}:\n{log_path.read_text()[-3000:]}")
-            try:
-                status, health = client.request("GET", "/health")
-                break
-            except OSError:
-                time.sleep(0.05)
+        status, health = until_up(server, log_path, lambda: client.request("GET", "/health"))
         up = time.perf_counter() - started
         if status != 200:
             raise SystemExit(f"/health answered {status}: {health}")
@@ -266,7 +276,7 @@ def main() -> None:
           f"--clients {args.clients} --seconds {args.seconds:g}")
     print(f"machine: {os.cpu_count()} cores, load average {load_before} before and {os.getloadavg()[0]:.1f} after; "
           f"server: one uvicorn process, FastAPI thread pool, torch threads "
-          f"{env.get('LEXGRAPH_SERVE_TORCH_THREADS') or 1}; no LLM")
+          f"{os.environ.get('LEXGRAPH_SERVE_TORCH_THREADS') or 1}; no LLM")
     print()
     print(f"| measure | value |")
     print("|---|---|")
