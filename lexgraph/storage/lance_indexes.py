@@ -162,11 +162,12 @@ def update_keyword_links(store: VectorStore, corpus_dir: Path, links: DocumentLi
             kept = (old.explode("chunk_ids").rename({"chunk_ids": "chunk_id"}).drop_nulls("chunk_id")
                     .filter(~_document_of(pl.col("chunk_id")).is_in(replaced)))
     rows = _grouped(pl.concat([kept, fresh]))
-    table.delete(_in_list("keyword", touched)) if touched else None
+    if touched:
+        table.delete(_in_list("keyword", touched))
     if rows.height:
         table.add(rows.to_arrow().cast(LINK_SCHEMA))
     _write_record(record_path, fresh, {d: links.catalog[d] for d in changed},
-                  keep=record.filter(~pl.col("doc_id").is_in(replaced) & pl.col("doc_id").is_in(list(links.catalog))))
+                  keep=record.filter(~pl.col("doc_id").is_in(replaced)))  # replaced includes the removed
     return {"keyword_links_mode": "diff", "documents_read": len(changed), "documents_removed": len(replaced),
             "keywords_written": rows.height, "keywords_deleted": len(touched) - rows.height}
 
