@@ -263,7 +263,8 @@ def lexical_graph(context: dg.AssetExecutionContext, index: IndexResource, lance
     inputs = files.lexical_inputs_digest(indexed)  # before reading: a write during the build is not missed
     with kuzu.writer() as graph:
         result = lexical.build_lexical_graph(sorted(indexed), store, graph, vectors, embedder.get(), index.ledger(),
-                                             context.run.run_id, merges_path=files.entity_merges)
+                                             context.run.run_id, merges_path=files.entity_merges,
+                                             state_dir=files.lexical_state)
         unanchored = {
             "statements_without_chunk": graph.query(
                 "MATCH (s:Statement) WHERE NOT EXISTS { MATCH (s)-[:EXTRACTED_FROM]->(:Chunk) } RETURN count(s) AS n")["n"][0],
@@ -275,6 +276,8 @@ def lexical_graph(context: dg.AssetExecutionContext, index: IndexResource, lance
     if result.missing:
         context.log.warning(f"{len(result.missing)} indexed document(s) have no lexical tables yet (not extracted): "
                             + ", ".join(result.missing[:10]))
+    if result.damaged:  # those documents keep what they had (or stay out); every run names the files
+        context.log.error("damaged lexical tables, not read: " + "; ".join(result.damaged.values()))
     files.record_lexical_inputs(inputs)
     files.record_built(LEXICAL_GRAPH, digest, index.settings())
     totals = index.ledger().totals(by=["stage", "model"], run_id=context.run.run_id)
@@ -283,6 +286,9 @@ def lexical_graph(context: dg.AssetExecutionContext, index: IndexResource, lance
                   "documents_without_extractions": dg.MetadataValue.json(result.missing),
                   **{t.lower(): n for t, n in result.counts.items() if t in ("Statement", "Topic", "Fact", "Entity")},
                   "graph": dg.MetadataValue.md(_table(result.counts)),
+                  **result.figures(), "written": dg.MetadataValue.json(result.written),
+                  "document_changes": dg.MetadataValue.json(result.changes),
+                  "damaged_lexical_tables": dg.MetadataValue.json(result.damaged),
                   "entity_merges": result.merges, "merged_surface_form_mentions": result.merged_surface_forms,
                   "merges_path": dg.MetadataValue.path(str(files.entity_merges)),
                   "newly_embedded": dg.MetadataValue.json(result.embedded),

@@ -81,6 +81,7 @@ class CorpusFiles:
         self.entity_merges = self.root / "entity_merges.parquet"  # every surface form folded into an entity, and why
         self.reextracted = self.root / "reextracted.json"  # the selection diff whose re-extraction is done
         self.lexical_inputs = self.root / "lexical_inputs.json"  # the lexical tables the lexical graph was built from
+        self.lexical_state = self.root / "lexical_state"  # what the lexical graph's diff needs (lexical_diff)
 
     def ann_index(self, generation: str) -> Path:
         """The saved faiss HNSW index of one KNN save (approximate mode only)."""

@@ -468,6 +468,22 @@ class LexicalGraphResult:
     embedded: dict[str, int] = field(default_factory=dict)  # newly embedded rows per vector table
     embedding_tokens: int = 0
     digest: str = ""
+    mode: str = "rebuild"  # "diff": only the differences written; "rebuild": every table emptied and rewritten
+    reason: str = ""  # why a rebuild (first build, no or unreadable saved state, a count that disagreed, ...)
+    documents_read: list[str] = field(default_factory=list)  # documents whose Parquet tables were read
+    changes: dict[str, list[str]] = field(default_factory=dict)  # added / changed / removed / reloaded documents
+    written: dict[str, dict[str, int]] = field(default_factory=dict)  # table -> rows added, removed, updated
+    statement_vectors: str = ""  # how the stored statement vectors were known: "saved signatures" or "scanned"
+    entity_vectors: str = ""  # "upserted" (changed rows only) or "replaced" (the whole table)
+    damaged: dict[str, str] = field(default_factory=dict)  # doc_id -> damaged lexical table and its problem
+    merges_frame: pl.DataFrame = field(default_factory=pl.DataFrame, repr=False)
+    ledger_rows: list[dict] = field(default_factory=list, repr=False)  # embedding calls, recorded by the caller
+
+    def figures(self) -> dict:
+        """The build's own account, for run metadata."""
+        return {"mode": self.mode, "reason": self.reason, "documents_read": len(self.documents_read),
+                **{f"documents_{kind}": len(docs) for kind, docs in self.changes.items()},
+                "statement_vectors": self.statement_vectors, "entity_vectors": self.entity_vectors}
 
 
 def read_lexical_tables(store: ExtractStore, doc_ids: Iterable[str]) -> tuple[dict[str, pl.DataFrame], list[str], list[str]]:
@@ -587,22 +603,42 @@ def _signatures(frame: pl.DataFrame) -> dict[str, str]:
     return {doc: content_hash(rows) for doc, rows in joined.iter_rows()}
 
 
+def statement_vector_rows(statements: pl.DataFrame) -> pl.DataFrame:
+    return statements.unique("statement_id", keep="first").select(STATEMENT_VECTOR_COLUMNS)
+
+
+def stored_statement_signatures(vectors) -> dict[str, str]:
+    """doc_id -> signature of its rows in the LanceDB statements table (a scan of the whole table)."""
+    stored = vectors.scan(STATEMENT_VECTORS, STATEMENT_VECTOR_COLUMNS)
+    return _signatures(stored) if stored.height else {}
+
+
 def update_statement_vectors(statements: pl.DataFrame, vectors, embedder,
                              run_id: str = "") -> tuple[int, int, list[dict], dict[str, str]]:
     """Bring the LanceDB statements table to these statements: rows of removed documents are deleted, and only
     documents whose statements changed are rewritten, in batches, embedding only statements not embedded
     before. -> (statements embedded, tokens, one ledger row per document embedded, doc_id -> signature)."""
+    current = statement_vector_rows(statements)
+    now = _signatures(current)
+    embedded, tokens, rows = write_statement_vectors(
+        now, stored_statement_signatures(vectors), lambda doc_id: current.filter(pl.col("doc_id") == doc_id),
+        vectors, embedder, run_id)
+    return embedded, tokens, rows, now
+
+
+def write_statement_vectors(now: dict[str, str], before: dict[str, str], statements_of: Callable[[str], pl.DataFrame],
+                            vectors, embedder, run_id: str = "") -> tuple[int, int, list[dict]]:
+    """Rows of documents in `before` but not `now` are deleted; documents whose signature differs are rewritten
+    from statements_of(doc_id) (vector rows), embedding only statements not embedded before.
+    -> (statements embedded, tokens, one ledger row per document embedded)."""
     from lexgraph.build.pipeline import ledger_rows
     from lexgraph.storage.vector_store import _quote
 
-    current = statements.unique("statement_id", keep="first").select(STATEMENT_VECTOR_COLUMNS)
-    stored = vectors.scan(STATEMENT_VECTORS, STATEMENT_VECTOR_COLUMNS)
-    now, before = _signatures(current), _signatures(stored) if stored.height else {}
     vectors.delete_rows(STATEMENT_VECTORS, "doc_id", [d for d in before if d not in now])
     embedded = tokens = 0
     rows: list[dict] = []
     for doc_id in sorted(d for d in now if before.get(d) != now[d]):
-        own = current.filter(pl.col("doc_id") == doc_id)
+        own = statements_of(doc_id)
         known = (vectors.scan(STATEMENT_VECTORS, ["statement_id", "text", "vector"], f"doc_id = {_quote(doc_id)}")
                  if doc_id in before else pl.DataFrame())
         vectors.delete_rows(STATEMENT_VECTORS, "doc_id", [doc_id])
@@ -616,27 +652,57 @@ def update_statement_vectors(statements: pl.DataFrame, vectors, embedder,
             rows += ledger_rows(STATEMENT_EMBEDDING_STAGE, embedder.model_name, run_id, [doc_id], [1], doc_tokens,
                                 doc_seconds)
         embedded, tokens = embedded + doc_new, tokens + doc_tokens
-    return embedded, tokens, rows, now
+    return embedded, tokens, rows
 
 
-def build_lexical_graph(doc_ids: Sequence[str], store: ExtractStore, graph, vectors, embedder,
-                        ledger: CostLedger | None = None, run_id: str = "", merges_path=None) -> LexicalGraphResult:
-    """(Re)build the lexical graph of these documents (the catalog) from their Parquet tables: every Statement,
-    Topic, Fact and Entity node with its edges in Kùzu, statement and entity vectors in LanceDB (only new or
-    changed texts are embedded; each embedding call is a ledger row), entity merges to `merges_path`.
-    No LLM is called: a removed document's statements, and the facts and entities only it supported, are
-    simply not rebuilt."""
-    result = LexicalGraphResult()
-    report.start("lexical graph", 1, "build")
-    tables, result.documents, result.missing = read_lexical_tables(store, doc_ids)
-    nodes, edges, entities, merges = lexical_graph_frames(tables)
-    graph.replace_lexical_graph(nodes, edges)
-    result.counts = {table: graph.count(table) for table in (*nodes, *edges)}
-    shape = [*sorted(nodes["Fact"]["id"].to_list()), *sorted(nodes["Entity"]["id"].to_list()),
-             *sorted(f"{a}>{b}" for a, b in edges["RELATED"].select("from", "to").iter_rows())]
-    del nodes, edges  # a large corpus: keep only what the vectors need
-    result.merges = merges.height
-    result.merged_surface_forms = int(merges["mention_count"].sum() or 0)
+def entity_vector_rows(entity_nodes: pl.DataFrame) -> pl.DataFrame:
+    """The LanceDB entity rows (without vectors) of Entity nodes: the text embedded is "name: description"."""
+    return entity_nodes.select(
+        pl.col("id").alias("entity_id"), "name", pl.col("type").alias("entity_type"), "description",
+        pl.col("mentions").alias("mention_count"), pl.col("documents").alias("doc_count")).with_columns(
+        pl.format("{}: {}", "name", pl.col("description").str.split("\n").list.first().fill_null(""))
+        .str.strip_chars(": ").alias("text"))
+
+
+def replace_entity_vectors(entity_nodes: pl.DataFrame, vectors, embedder, run_id: str = "") -> tuple[int, int, list[dict]]:
+    """The whole entity table rewritten, embedding only texts not embedded before. -> (embedded, tokens, ledger rows)."""
+    rows, tokens, seconds, new = _embed_rows(entity_vector_rows(entity_nodes), "entity_id", "text",
+                                             vectors.known_vectors(ENTITY_VECTORS, "entity_id", "text"), embedder)
+    vectors.replace_table(ENTITY_VECTORS, rows)
+    return int(new.sum()), tokens, _entity_ledger(tokens, seconds, new, embedder, run_id)
+
+
+def _entity_ledger(tokens: int, seconds: float, new: pl.Series, embedder, run_id: str) -> list[dict]:
+    if tokens or new.any():
+        return [{"run_id": run_id or "direct", "stage": ENTITY_EMBEDDING_STAGE, "model": embedder.model_name,
+                 "prompt_tokens": tokens, "seconds": seconds, "attempts": 1}]
+    return []
+
+
+def upsert_entity_vectors(changed_nodes: pl.DataFrame, removed: list[str], expected_rows: int, vectors, embedder,
+                          run_id: str = "") -> tuple[int, int, list[dict]] | None:
+    """Only these entities' rows written (merge on entity_id) and the removed ones deleted; None (nothing written)
+    when the table is missing, or afterwards does not hold `expected_rows` rows: the caller replaces it whole."""
+    from lexgraph.storage.vector_store import _in_list
+
+    table = vectors._table(ENTITY_VECTORS)
+    if table is None or "vector" not in table.schema.names:
+        return None
+    rows = entity_vector_rows(changed_nodes)
+    ids = rows["entity_id"].to_list()
+    known = (vectors.scan(ENTITY_VECTORS, ["entity_id", "text", "vector"], _in_list("entity_id", ids))
+             if ids else pl.DataFrame())
+    rows, tokens, seconds, new = _embed_rows(rows, "entity_id", "text", known, embedder)
+    if rows.height:
+        table.merge_insert("entity_id").when_matched_update_all().when_not_matched_insert_all().execute(
+            rows.to_arrow().cast(table.schema))
+    vectors.delete_rows(ENTITY_VECTORS, "entity_id", removed)
+    if vectors.count(ENTITY_VECTORS) != expected_rows:
+        return None
+    return int(new.sum()), tokens, _entity_ledger(tokens, seconds, new, embedder, run_id)
+
+
+def write_merges(merges: pl.DataFrame, merges_path) -> None:
     if merges_path is not None:
         from pathlib import Path
 
@@ -644,25 +710,42 @@ def build_lexical_graph(doc_ids: Sequence[str], store: ExtractStore, graph, vect
         partial = Path(merges_path).with_suffix(".tmp")
         merges.write_parquet(partial)
         partial.replace(merges_path)
-    # vectors: statement text (per document, only documents whose statements changed), and an entity's
-    # "name: description"
-    result.embedded["statements"], tokens, rows, signatures = update_statement_vectors(
-        tables[STATEMENTS], vectors, embedder, run_id)
-    result.embedding_tokens += tokens
-    entity_rows = entities.select("entity_id", "name", "entity_type", "description", "mention_count", "doc_count").with_columns(
-        pl.format("{}: {}", "name", pl.col("description").str.split("\n").list.first().fill_null(""))
-        .str.strip_chars(": ").alias("text"))
-    entity_rows, tokens, seconds, new = _embed_rows(entity_rows, "entity_id", "text",
-                                                    vectors.known_vectors(ENTITY_VECTORS, "entity_id", "text"), embedder)
-    vectors.replace_table(ENTITY_VECTORS, entity_rows)
-    if tokens or new.any():
-        rows.append({"run_id": run_id or "direct", "stage": ENTITY_EMBEDDING_STAGE, "model": embedder.model_name,
-                     "prompt_tokens": tokens, "seconds": seconds, "attempts": 1})
-    result.embedded["entities"] = int(new.sum())
-    result.embedding_tokens += tokens
-    if ledger is not None and rows:
-        ledger.record(rows)
-    result.digest = content_hash("\n".join([*(f"{d}={h}" for d, h in sorted(signatures.items())), *shape]))
+
+
+def lexical_digest(signatures: dict[str, str], frames: dict[str, pl.DataFrame]) -> str:
+    """One hash of what the lexical graph holds: each document's statements, and the facts, entities and
+    relations (the same whichever way the graph was written)."""
+    shape = [*sorted(frames["Fact"]["id"].to_list()), *sorted(frames["Entity"]["id"].to_list()),
+             *sorted(f"{a}>{b}" for a, b in frames["RELATED"].select("from", "to").iter_rows())]
+    return content_hash("\n".join([*(f"{d}={h}" for d, h in sorted(signatures.items())), *shape]))
+
+
+def build_lexical_graph(doc_ids: Sequence[str], store: ExtractStore, graph, vectors, embedder,
+                        ledger: CostLedger | None = None, run_id: str = "", merges_path=None,
+                        state_dir=None) -> LexicalGraphResult:
+    """Bring the lexical graph to these documents (the catalog) from their Parquet tables: every Statement,
+    Topic, Fact and Entity node with its edges in Kùzu, statement and entity vectors in LanceDB (only new or
+    changed texts are embedded; each embedding call is a ledger row), entity merges to `merges_path`.
+    No LLM is called: a removed document's statements, and the facts and entities only it supported, go.
+
+    state_dir: where the build keeps what it needs from earlier runs (lexical_diff); with it, only changed
+    documents are read and only the differences written ("diff"), and everything is rebuilt when that state is
+    missing, unreadable, not known to match the stores, or a count disagrees afterwards ("rebuild"). Without it,
+    every run rebuilds. A document whose lexical table is damaged is named in `damaged` and keeps what it had."""
+    from lexgraph.build import lexical_diff
+
+    result = LexicalGraphResult()
+    report.start("lexical graph", 1, "build")
+    state, reason = lexical_diff.load_state(state_dir)
+    if state is not None:
+        reason = lexical_diff.diff_lexical_graph(state, list(doc_ids), store, graph, vectors, embedder, result,
+                                                 run_id, state_dir)
+    if state is None or reason:
+        result = LexicalGraphResult(reason=reason, ledger_rows=result.ledger_rows)  # a failed diff's calls stay paid
+        lexical_diff.rebuild_lexical_graph(list(doc_ids), store, graph, vectors, embedder, result, run_id, state_dir)
+    write_merges(result.merges_frame, merges_path)
+    if ledger is not None and result.ledger_rows:
+        ledger.record(result.ledger_rows)
     report.advance("lexical graph", 1)
     return result
 

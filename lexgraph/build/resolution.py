@@ -178,6 +178,11 @@ def _entity_id_of_key(key: str) -> str:
     return f"ent-{short_hash(key, ID_LENGTH)}"
 
 
+def entity_id_of_key(key: str) -> str:
+    """The entity id of a key made by :func:`normalise_entity_name` (or :func:`entity_key`)."""
+    return _entity_id_of_key(key)
+
+
 def normalise_predicate(predicate: str) -> str:
     """A fact's predicate for matching: case folded, whitespace collapsed, surrounding punctuation dropped."""
     text = _SPACE.sub(" ", unicodedata.normalize("NFKC", predicate or "").casefold()).strip()
@@ -189,6 +194,11 @@ def fact_key(subject: str, predicate: str, object: str) -> str:
     if not all(parts):
         raise ValueError(f"a fact needs a subject, a predicate and an object: {(subject, predicate, object)!r}")
     return "\x1f".join(parts)
+
+
+def fact_id_of_key(key: str) -> str:
+    """The Fact node id of a key made by :func:`fact_key`."""
+    return f"fact-{short_hash(key, ID_LENGTH)}"
 
 
 def fact_id(subject: str, predicate: str, object: str) -> str:

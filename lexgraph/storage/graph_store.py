@@ -241,6 +241,71 @@ class GraphStore:
             keep = frame.filter(pl.col("from").is_in(list(known.get(source, ()))) & pl.col("to").is_in(list(known.get(target, ()))))
             self._copy(rel, keep)
 
+    # --- the lexical graph written as a difference (lexgraph.build.lexical_diff) ---
+
+    def source_versions(self) -> dict[str, str]:
+        """doc_id -> when its Source node was (re)loaded: a reload deletes the document's chunks with their
+        lexical edges and its statements and topics, so a changed time means its share must be written again."""
+        if self.conn is None or not self.count("Source"):
+            return {}
+        found = self.query("MATCH (s:Source) RETURN s.id AS id, s.ingested_at AS at")
+        return {d: "" if at is None else str(at) for d, at in found.iter_rows()}
+
+    def chunks_of(self, doc_ids: list[str] | None = None) -> pl.DataFrame:
+        """id, doc_id of the Chunk nodes of these documents (every chunk when None)."""
+        schema = {"id": pl.String, "doc_id": pl.String}
+        if self.conn is None or (doc_ids is not None and not doc_ids) or not self.count("Chunk"):
+            return pl.DataFrame(schema=schema)
+        if doc_ids is None:
+            found = self.query("MATCH (c:Chunk) RETURN c.id AS id, c.doc_id AS doc_id")
+        else:
+            found = self.query("MATCH (c:Chunk) WHERE c.doc_id IN $ids RETURN c.id AS id, c.doc_id AS doc_id",
+                               {"ids": doc_ids})
+        return found.cast(schema) if found.height else pl.DataFrame(schema=schema)
+
+    def delete_lexical_documents(self, doc_ids: list[str]) -> None:
+        """Everything of the lexical graph that belongs to these documents alone: their Statement and Topic nodes
+        with all their edges, and the MENTIONED_IN edges into their chunks (facts and entities stay)."""
+        if not doc_ids:
+            return
+        self.conn.execute("MATCH (s:Statement) WHERE s.doc_id IN $ids DETACH DELETE s", {"ids": doc_ids})
+        self.conn.execute("MATCH (t:Topic) WHERE t.doc_id IN $ids DETACH DELETE t", {"ids": doc_ids})
+        self.conn.execute("MATCH (:Entity)-[r:MENTIONED_IN]->(c:Chunk) WHERE c.doc_id IN $ids DELETE r",
+                          {"ids": doc_ids})
+
+    def delete_lexical_nodes(self, table: str, ids: list[str], batch: int = 20_000) -> None:
+        """Delete Fact or Entity nodes with all their edges."""
+        for start in range(0, len(ids), batch):
+            self.conn.execute(f"MATCH (n:{table}) WHERE n.id IN $ids DETACH DELETE n", {"ids": ids[start:start + batch]})
+
+    def update_lexical_nodes(self, table: str, frame: pl.DataFrame) -> None:
+        """Set every property of these existing nodes (rows in the table's column order, `id` first)."""
+        if frame.height:
+            rows = frame.rename({c: f"v_{c}" for c in frame.columns}).to_arrow()  # noqa: F841 (scanned by name)
+            sets = ", ".join(f"n.{c} = v_{c}" for c in frame.columns if c != "id")
+            self.conn.execute(f"LOAD FROM rows MATCH (n:{table} {{id: v_id}}) SET {sets}")
+
+    def add_lexical_rows(self, table: str, frame: pl.DataFrame) -> None:
+        """Bulk-copy nodes (table's column order) or edges (`from`, `to`, properties); an edge's nodes must exist."""
+        self._copy(table, frame)
+
+    def delete_lexical_edges(self, rel: str, frame: pl.DataFrame) -> None:
+        """Delete these edges of a lexical rel table (`from`, `to`); ones not in the graph are ignored."""
+        if frame.height:
+            source, target = LEXICAL_RELS[rel]
+            rows = frame.select(pl.col("from").alias("v_from"), pl.col("to").alias("v_to")).to_arrow()  # noqa: F841
+            self.conn.execute(f"LOAD FROM rows MATCH (a:{source} {{id: v_from}})-[r:{rel}]->(b:{target} {{id: v_to}}) "
+                              "DELETE r")
+
+    def lexical_edges_of(self, rel: str, doc_ids: list[str]) -> int:
+        """EXTRACTED_FROM or BELONGS_TO edges of these documents' statements (counted through both nodes)."""
+        if not doc_ids:
+            return 0
+        source, target = LEXICAL_RELS[rel]
+        found = self.query(f"MATCH (a:{source})-[r:{rel}]->(b:{target}) WHERE a.doc_id IN $ids "
+                           "WITH a.id AS s, b.id AS d RETURN count(*) AS n", {"ids": doc_ids})
+        return int(found["n"][0]) if found.height else 0
+
     def _copy(self, table: str, frame: pl.DataFrame) -> None:
         if frame.height:
             rows = frame.to_arrow()  # noqa: F841  (Kùzu scans the local variable by name)

@@ -1,0 +1,502 @@
+"""The lexical graph kept current by difference: only changed documents' tables are read, only the entity, fact
+and relation keys they touch are resolved again, and only what differs is written to Kùzu and LanceDB.
+
+What the build needs from earlier runs is kept under the corpus folder (`lexical_state/`):
+- `documents`: per document the signature of its lexical tables (size and modification time of each file;
+  every write replaces a file), the time its Source node was loaded (a reload deletes its statements, topics
+  and the edges into its chunks), its statement vectors' signature and its share of the doc-scoped tables;
+- the entity, fact and relation rows of every document with their resolution keys, so a key is resolved
+  again from all its rows without reading other documents' files;
+- the resolved Entity and Fact nodes and the SUBJECT, OBJECT and RELATED edges (before anchoring), and the
+  entity merges.
+
+Statement, Topic and their edges (EXTRACTED_FROM, BELONGS_TO, TOPIC_OF, SUPPORTS, MENTIONED_IN) belong to one
+document each, so a changed document's share is deleted and written again whole. Facts, entities and their
+edges are global: their old and new frames are compared and only the differences written.
+
+Crash safety: `state.json` names the saved generation and says whether the stores hold it. It is marked
+"not synced" before any store is written and "synced" (with the new generation) only after Kùzu, LanceDB and
+the new files are written, so a process killed in between makes the next run rebuild everything.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from lexgraph.build.pipeline import ENTITIES, FACTS, RELATIONS, STATEMENTS, TOPICS
+from lexgraph.ids import content_hash
+
+STATE_FORMAT = 1
+STATE_FILE = "state.json"
+DOC_NODES = ("Statement", "Topic")
+DOC_RELS = ("EXTRACTED_FROM", "BELONGS_TO", "TOPIC_OF", "SUPPORTS", "MENTIONED_IN")
+GLOBAL_NODES = ("Fact", "Entity")
+GLOBAL_RELS = ("SUBJECT", "OBJECT", "RELATED")
+# Doc-scoped rel tables too large to count whole on every run (one edge per statement): counted for the
+# rewritten documents only; every other table is counted whole after a diff.
+COUNTED_BY_DOCUMENT = ("EXTRACTED_FROM", "BELONGS_TO")
+KEY, PAIR = "_key", "_pair"
+ROW_TABLES = (ENTITIES, FACTS, RELATIONS)
+FRAMES = (*GLOBAL_NODES, *GLOBAL_RELS, "merges")
+
+
+def lexical_signature(store, doc_id: str) -> str | None:
+    """One hash of the size and modification time of a document's lexical tables; None when one is missing."""
+    from lexgraph.build.lexical import LEXICAL_STAGES
+
+    parts = []
+    for stage in LEXICAL_STAGES:
+        try:
+            stat = store.path(stage, doc_id).stat()
+        except FileNotFoundError:
+            return None
+        parts.append(f"{stage}|{stat.st_size}|{stat.st_mtime_ns}")
+    return content_hash("\n".join(parts))[:16]
+
+
+# --- resolution keys ----------------------------------------------------------------------------------------
+
+
+def keyed_rows(tables: dict[str, pl.DataFrame]) -> dict[str, pl.DataFrame]:
+    """Entity, fact and relation rows with the key resolution groups them by: an entity's normalised name, a
+    fact's key, a relation's unordered pair of entity ids (null where resolution drops the row)."""
+    from lexgraph.build.resolution import entity_id_of_key, fact_key, normalise_entity_name
+
+    entities, facts, relations = tables[ENTITIES], tables[FACTS], tables[RELATIONS]
+    names = set(entities["entity_name"].drop_nulls().to_list())
+    names |= set(relations["source"].drop_nulls().to_list()) | set(relations["target"].drop_nulls().to_list())
+    keys = {name: normalise_entity_name(name) or None for name in names}
+    entities = entities.with_columns(pl.col("entity_name").replace_strict(keys, default=None, return_dtype=pl.String)
+                                     .alias(KEY))
+
+    def key_of_fact(triple: tuple) -> str | None:
+        try:
+            return fact_key(*(part or "" for part in triple))
+        except ValueError:
+            return None
+
+    triples = facts.select("subject", "predicate", "object").unique()
+    triples = triples.with_columns(pl.Series(KEY, [key_of_fact(t) for t in triples.iter_rows()], dtype=pl.String))
+    facts = facts.join(triples, on=["subject", "predicate", "object"], how="left", nulls_equal=True)
+
+    ids = {name: entity_id_of_key(key) for name, key in keys.items() if key}
+    pairs = relations.select(pl.col("source").replace_strict(ids, default=None, return_dtype=pl.String).alias("_a"),
+                             pl.col("target").replace_strict(ids, default=None, return_dtype=pl.String).alias("_b"))
+    pair = (pl.when(pl.col("_a").is_not_null() & pl.col("_b").is_not_null() & (pl.col("_a") != pl.col("_b")))
+            .then(pl.concat_str(pl.min_horizontal("_a", "_b"), pl.lit("|"), pl.max_horizontal("_a", "_b"))))
+    relations = relations.with_columns(pairs.select(pair.alias(PAIR)).to_series())
+    return {ENTITIES: entities, FACTS: facts, RELATIONS: relations}
+
+
+def _edge_pair(frame: pl.DataFrame) -> pl.Expr:
+    return pl.concat_str(pl.min_horizontal("from", "to"), pl.lit("|"), pl.max_horizontal("from", "to"))
+
+
+# --- frames --------------------------------------------------------------------------------------------------
+
+
+def global_frames(nodes: dict[str, pl.DataFrame], edges: dict[str, pl.DataFrame], merges: pl.DataFrame) -> dict:
+    return {"Entity": nodes["Entity"], "Fact": nodes["Fact"], **{rel: edges[rel] for rel in GLOBAL_RELS},
+            "merges": merges}
+
+
+def _within(column: str, values: pl.Series | list) -> pl.Expr:
+    values = values if isinstance(values, pl.Series) else pl.Series(values, dtype=pl.String)
+    return pl.col(column).is_in(values.implode())
+
+
+def anchored_global(frames: dict) -> dict[str, pl.DataFrame]:
+    """The SUBJECT, OBJECT and RELATED edges whose nodes exist (a fact's subject need not be an extracted entity)."""
+    entities, facts = frames["Entity"]["id"], frames["Fact"]["id"]
+    return {
+        "SUBJECT": frames["SUBJECT"].filter(_within("from", entities) & _within("to", facts)),
+        "OBJECT": frames["OBJECT"].filter(_within("from", entities) & _within("to", facts)),
+        "RELATED": frames["RELATED"].filter(_within("from", entities) & _within("to", entities)),
+    }
+
+
+def anchored_documents(nodes: dict[str, pl.DataFrame], edges: dict[str, pl.DataFrame], chunks: pl.DataFrame,
+                       sources: set[str], frames: dict) -> dict[str, pl.DataFrame]:
+    """The doc-scoped edges whose nodes exist, each with the `doc_id` it belongs to (dropped before writing).
+    chunks: id, doc_id of the graph's Chunk nodes of these documents; sources: Source ids in the graph."""
+    statements = nodes["Statement"].select("id", "doc_id")
+    topics = nodes["Topic"]["id"]
+    by_statement = lambda frame, column: frame.join(statements.rename({"id": column}), on=column)  # noqa: E731
+    chunk_docs = chunks.select(pl.col("id").alias("to"), "doc_id")
+    return {
+        "EXTRACTED_FROM": by_statement(edges["EXTRACTED_FROM"], "from").filter(_within("to", chunks["id"])),
+        "BELONGS_TO": by_statement(edges["BELONGS_TO"], "from").filter(_within("to", topics)),
+        "TOPIC_OF": edges["TOPIC_OF"].filter(_within("from", topics) & _within("to", list(sources)))
+                                     .with_columns(pl.col("to").alias("doc_id")),
+        "SUPPORTS": by_statement(edges["SUPPORTS"], "to").filter(_within("from", frames["Fact"]["id"])),
+        "MENTIONED_IN": edges["MENTIONED_IN"].filter(_within("from", frames["Entity"]["id"]))
+                                             .join(chunk_docs, on="to"),
+    }
+
+
+def document_counts(doc_ids: list[str], nodes: dict[str, pl.DataFrame], anchored: dict[str, pl.DataFrame]) -> pl.DataFrame:
+    """doc_id and its rows in each doc-scoped table, as written."""
+    counts = pl.DataFrame({"doc_id": doc_ids}, schema={"doc_id": pl.String})
+    for table, frame in [*((t, nodes[t]) for t in DOC_NODES), *anchored.items()]:
+        per_doc = frame.group_by("doc_id").agg(pl.len().cast(pl.Int64).alias(table))
+        counts = counts.join(per_doc, on="doc_id", how="left").with_columns(pl.col(table).fill_null(0))
+    return counts
+
+
+def frame_diff(old: pl.DataFrame, new: pl.DataFrame, key: list[str]) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """(removed keys, added rows, changed rows: the new values) between two frames of one schema."""
+    removed = old.select(key).join(new.select(key), on=key, how="anti")
+    added = new.join(old.select(key), on=key, how="anti")
+    before = old.select(*key, _row_text(old).alias("_before"))
+    changed = (new.with_columns(_row_text(new).alias("_after")).join(before, on=key, how="inner")
+               .filter(pl.col("_after") != pl.col("_before")).select(new.columns))
+    return removed, added, changed
+
+
+def _row_text(frame: pl.DataFrame) -> pl.Expr:
+    """A row's values as one string (lists joined, nulls marked), to tell changed rows apart."""
+    parts = []
+    for name, dtype in frame.schema.items():
+        column = pl.col(name).list.join("\x1d") if isinstance(dtype, pl.List) else pl.col(name).cast(pl.String)
+        parts.append(column.fill_null("\x00"))
+    return pl.concat_str(parts, separator="\x1f")
+
+
+# --- the saved state ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LexicalState:
+    documents: pl.DataFrame  # doc_id, signature, loaded, statement_signature, statement_rows, one count per table
+    rows: dict[str, pl.DataFrame]  # ENTITIES, FACTS, RELATIONS rows of every document, with their keys
+    frames: dict[str, pl.DataFrame]  # Entity, Fact, SUBJECT, OBJECT, RELATED (before anchoring), merges
+    generation: str = ""
+
+
+def _read_marker(root: Path) -> dict:
+    try:
+        found = json.loads((root / STATE_FILE).read_text())
+        return found if isinstance(found, dict) else {}
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def _write_marker(root: Path, marker: dict) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    partial = root / (STATE_FILE + ".tmp")
+    partial.write_text(json.dumps(marker))
+    partial.replace(root / STATE_FILE)
+
+
+def load_state(root: Path | None) -> tuple[LexicalState | None, str]:
+    """The saved state when the stores are known to hold it; else None and why the build must be whole."""
+    if root is None:
+        return None, "no state folder given"
+    marker = _read_marker(Path(root))
+    if not marker:
+        return None, "no saved lexical state (first build, or its state file is missing or unreadable)"
+    if marker.get("format") != STATE_FORMAT:
+        return None, f"saved lexical state of another format ({marker.get('format')!r})"
+    if not marker.get("synced"):
+        return None, "the last write of the lexical graph did not finish (state not marked as written)"
+    folder = Path(root) / str(marker.get("generation"))
+    try:
+        documents = pl.read_parquet(folder / "documents.parquet")
+        rows = {t: pl.read_parquet(folder / f"rows_{t}.parquet") for t in ROW_TABLES}
+        frames = {t: pl.read_parquet(folder / f"{t}.parquet") for t in FRAMES}
+    except (Exception, pl.exceptions.PanicException) as error:  # noqa: BLE001 - torn or garbage: rebuild
+        return None, f"saved lexical state unreadable ({type(error).__name__}: {str(error).splitlines()[0][:160]})"
+    return LexicalState(documents, rows, frames, str(marker["generation"])), ""
+
+
+def mark_writing(root: Path | None) -> None:
+    """Before any store is written: a process killed from here until save_state makes the next run rebuild."""
+    if root is not None:
+        marker = _read_marker(Path(root))
+        _write_marker(Path(root), {**marker, "format": STATE_FORMAT, "synced": False})
+
+
+def save_state(root: Path | None, state: LexicalState) -> str:
+    """Write the state as a new generation, then mark it as what the stores hold; older generations go last."""
+    if root is None:
+        return ""
+    root = Path(root)
+    generation = uuid.uuid4().hex
+    folder = root / generation
+    folder.mkdir(parents=True, exist_ok=True)
+    state.documents.write_parquet(folder / "documents.parquet")
+    for table, frame in state.rows.items():
+        frame.write_parquet(folder / f"rows_{table}.parquet")
+    for table, frame in state.frames.items():
+        frame.write_parquet(folder / f"{table}.parquet")
+    _write_marker(root, {"format": STATE_FORMAT, "generation": generation, "synced": True})
+    for old in root.iterdir():
+        if old.is_dir() and old.name != generation:
+            shutil.rmtree(old, ignore_errors=True)
+    return generation
+
+
+def empty_tables() -> dict[str, pl.DataFrame]:
+    from lexgraph.build.lexical import COLUMNS, LEXICAL_STAGES, _frame
+
+    return {stage: _frame(stage, []) for stage in LEXICAL_STAGES if stage in COLUMNS}
+
+
+def concat_tables(parts: list[dict[str, pl.DataFrame]]) -> dict[str, pl.DataFrame]:
+    from lexgraph.build.lexical import COLUMNS
+
+    tables = empty_tables()
+    for stage in tables:
+        frames = [p[stage] for p in parts if p[stage].height]
+        if frames:
+            tables[stage] = pl.concat(frames, how="diagonal_relaxed").select(list(COLUMNS[stage]))
+    return tables
+
+
+def touched_tables(rows: dict[str, pl.DataFrame], entity_keys: set, fact_keys: set, pairs: set) -> dict[str, pl.DataFrame]:
+    """Every document's rows of the touched keys (statements and topics empty): what resolving them again needs."""
+    tables = empty_tables()
+    tables[ENTITIES] = rows[ENTITIES].filter(_within(KEY, list(entity_keys))).select(tables[ENTITIES].columns)
+    tables[FACTS] = rows[FACTS].filter(_within(KEY, list(fact_keys))).select(tables[FACTS].columns)
+    tables[RELATIONS] = rows[RELATIONS].filter(_within(PAIR, list(pairs))).select(tables[RELATIONS].columns)
+    return tables
+
+
+def splice_frames(old: dict, touched: dict, entity_ids: set, fact_ids: set, pairs: set) -> dict:
+    """The old global frames with every row of a touched key replaced by the rows resolved again."""
+    def swap(frame: pl.DataFrame, drop: pl.Expr, new: pl.DataFrame) -> pl.DataFrame:
+        return pl.concat([frame.filter(~drop), new.select(frame.columns)], how="vertical_relaxed")
+
+    entity_ids, fact_ids, pairs = list(entity_ids), list(fact_ids), list(pairs)
+    return {
+        "Entity": swap(old["Entity"], _within("id", entity_ids), touched["Entity"]).sort("id"),
+        "Fact": swap(old["Fact"], _within("id", fact_ids), touched["Fact"]).sort("id"),
+        "SUBJECT": swap(old["SUBJECT"], _within("to", fact_ids), touched["SUBJECT"]).sort("to", "from"),
+        "OBJECT": swap(old["OBJECT"], _within("to", fact_ids), touched["OBJECT"]).sort("to", "from"),
+        "RELATED": swap(old["RELATED"], _edge_pair(old["RELATED"]).is_in(pl.Series(list(pairs), dtype=pl.String).implode()), touched["RELATED"]).sort("from", "to"),
+        "merges": swap(old["merges"], _within("entity_id", entity_ids), touched["merges"])
+        .sort("entity_id", "surface_form"),
+    }
+
+
+# --- the two ways of writing the stores -------------------------------------------------------------------------
+
+
+def read_documents(store, doc_ids: list[str]) -> tuple[dict[str, dict[str, pl.DataFrame]], dict[str, str]]:
+    """Each document's lexical tables; a damaged or vanished file is named (doc_id -> "path: problem") instead."""
+    from lexgraph.build.lexical import LEXICAL_STAGES
+    from lexgraph.errors import FileProblem
+
+    read, damaged = {}, {}
+    for doc_id in doc_ids:
+        try:
+            read[doc_id] = concat_tables([{stage: store.read(stage, doc_id) for stage in LEXICAL_STAGES}])
+        except (FileProblem, FileNotFoundError) as error:
+            damaged[doc_id] = str(error)
+    return read, damaged
+
+
+def _documents(counts: pl.DataFrame, signatures: dict[str, str], loaded: dict[str, str],
+               statement_signatures: dict[str, str]) -> pl.DataFrame:
+    docs = counts["doc_id"].to_list()
+    return counts.with_columns(
+        pl.Series("signature", [signatures[d] for d in docs], dtype=pl.String),
+        pl.Series("loaded", [loaded.get(d, "") for d in docs], dtype=pl.String),
+        pl.Series("statement_signature", [statement_signatures.get(d) for d in docs], dtype=pl.String),
+    )
+
+
+def _counts(graph, tables) -> dict[str, int]:
+    return {table: graph.count(table) for table in tables}
+
+
+def rebuild_lexical_graph(doc_ids: list[str], store, graph, vectors, embedder, result, run_id: str,
+                          state_dir: Path | None) -> None:
+    """Every table emptied and written again from every document's Parquet tables; the state saved afresh."""
+    from lexgraph.build import lexical
+
+    result.mode = "rebuild"
+    signatures = {d: lexical_signature(store, d) for d in doc_ids}  # before reading: a later write is not missed
+    result.missing = [d for d in doc_ids if signatures[d] is None]
+    per_doc, result.damaged = read_documents(store, [d for d in doc_ids if signatures[d] is not None])
+    result.documents = result.documents_read = list(per_doc)
+    tables = concat_tables(list(per_doc.values()))
+    del per_doc
+    nodes, edges, _, merges = lexical.lexical_graph_frames(tables)
+    frames = global_frames(nodes, edges, merges)
+    loaded = graph.source_versions()
+    doc_edges = anchored_documents(nodes, edges, graph.chunks_of(None), set(loaded), frames)
+    mark_writing(state_dir)
+    graph.replace_lexical_graph(nodes, {**{rel: f.drop("doc_id") for rel, f in doc_edges.items()},
+                                        **anchored_global(frames)})
+    result.counts = _counts(graph, (*nodes, *edges))
+    result.written = {table: {"added": n} for table, n in result.counts.items()}
+    result.embedded["statements"], tokens, rows, statement_signatures = lexical.update_statement_vectors(
+        tables[STATEMENTS], vectors, embedder, run_id)
+    result.statement_vectors = "scanned"
+    result.embedded["entities"], entity_tokens, entity_rows = lexical.replace_entity_vectors(
+        nodes["Entity"], vectors, embedder, run_id)
+    result.entity_vectors = "replaced"
+    result.embedding_tokens += tokens + entity_tokens
+    result.ledger_rows += rows + entity_rows
+    counts = document_counts(result.documents, nodes, doc_edges)
+    documents = _documents(counts, signatures, loaded, statement_signatures)
+    save_state(state_dir, LexicalState(documents, keyed_rows(tables), frames))
+    _finish(result, frames, statement_signatures)
+
+
+def _finish(result, frames: dict, statement_signatures: dict[str, str]) -> None:
+    from lexgraph.build import lexical
+
+    merges = frames["merges"]
+    result.merges_frame = merges
+    result.merges = merges.height
+    result.merged_surface_forms = int(merges["mention_count"].sum() or 0)
+    result.digest = lexical.lexical_digest(statement_signatures, frames)
+
+
+def diff_lexical_graph(state: LexicalState, doc_ids: list[str], store, graph, vectors, embedder, result,
+                       run_id: str, state_dir: Path | None) -> str:
+    """Read the changed documents, resolve the keys they touch, write the differences. -> "" when done, else
+    why the stores cannot be trusted (the caller rebuilds)."""
+    from lexgraph.build import lexical
+    from lexgraph.build.resolution import entity_id_of_key, fact_id_of_key
+    from lexgraph.storage.vector_store import _in_list
+
+    result.mode = "diff"
+    signatures = {d: lexical_signature(store, d) for d in doc_ids}
+    current = {d: s for d, s in signatures.items() if s is not None}
+    result.missing = sorted(d for d in doc_ids if signatures[d] is None)
+    loaded = graph.source_versions()
+    old = {row["doc_id"]: row for row in state.documents.iter_rows(named=True)}
+    added = sorted(d for d in current if d not in old)
+    changed = sorted(d for d in current if d in old and old[d]["signature"] != current[d])
+    reloaded = sorted(d for d in current if d in old and old[d]["signature"] == current[d]
+                      and old[d]["loaded"] != loaded.get(d, ""))
+    removed = sorted(d for d in old if d not in current)
+    per_doc, result.damaged = read_documents(store, [*added, *changed, *reloaded])
+    # a damaged document keeps what it had while its share is still in the graph; else it is left out
+    kept = {d for d in result.damaged if d in old and old[d]["loaded"] == loaded.get(d, "")}
+    rewrite = sorted(set(per_doc) | set(removed) | (set(result.damaged) - kept))
+    result.changes = {"added": [d for d in added if d in per_doc], "changed": [d for d in changed if d in per_doc],
+                      "reloaded": [d for d in reloaded if d in per_doc],
+                      "removed": removed + sorted(d for d in set(result.damaged) - kept if d in old)}
+    result.documents_read = sorted(per_doc)
+    result.documents = sorted(set(per_doc) | (set(old) - set(rewrite)))
+
+    # resolution again for the keys the rewritten documents' old and new rows touch
+    new_tables = concat_tables([per_doc[d] for d in sorted(per_doc)])
+    new_rows = keyed_rows(new_tables)
+    leaving = {t: state.rows[t].filter(_within("doc_id", rewrite)) for t in ROW_TABLES}
+    rows = {t: pl.concat([state.rows[t].filter(~_within("doc_id", rewrite)), new_rows[t].select(state.rows[t].columns)],
+                         how="vertical_relaxed") for t in ROW_TABLES}
+    keys = lambda table, column: {k for t in (leaving, new_rows) for k in t[table][column].drop_nulls().to_list()}  # noqa: E731
+    entity_keys, fact_keys, pairs = keys(ENTITIES, KEY), keys(FACTS, KEY), keys(RELATIONS, PAIR)
+    t_nodes, t_edges, _, t_merges = lexical.lexical_graph_frames(touched_tables(rows, entity_keys, fact_keys, pairs))
+    frames = splice_frames(state.frames, global_frames(t_nodes, t_edges, t_merges),
+                           {entity_id_of_key(k) for k in entity_keys}, {fact_id_of_key(k) for k in fact_keys}, pairs)
+    # the rewritten documents' own share, and what changed among facts, entities and their edges
+    d_nodes, d_edges, _, _ = lexical.lexical_graph_frames(new_tables)
+    d_anchored = anchored_documents(d_nodes, d_edges, graph.chunks_of(sorted(per_doc)), set(loaded), frames)
+    node_diff = {t: frame_diff(state.frames[t], frames[t], ["id"]) for t in GLOBAL_NODES}
+    old_edges, new_edges = anchored_global(state.frames), anchored_global(frames)
+    edge_diff = {rel: frame_diff(old_edges[rel], new_edges[rel], ["from", "to"]) for rel in GLOBAL_RELS}
+
+    mark_writing(state_dir)
+    try:
+        _write_diff(graph, rewrite, node_diff, edge_diff, d_nodes, d_anchored)
+    except RuntimeError as error:  # an edge to a node the graph does not hold: it is not what the state says
+        return f"the diff could not be written ({str(error).splitlines()[0][:200]})"
+
+    # the counts Kùzu must now hold
+    counts = document_counts(sorted(per_doc), d_nodes, d_anchored)
+    statement_rows = {d: lexical.statement_vector_rows(per_doc[d][STATEMENTS]) for d in per_doc}
+    fresh = {d: sig for d in per_doc if (sig := lexical._signatures(statement_rows[d]).get(d))}
+    documents = pl.concat([state.documents.filter(~_within("doc_id", rewrite)),
+                           _documents(counts, current, loaded, fresh).select(state.documents.columns)],
+                          how="vertical_relaxed").sort("doc_id")
+    expected = {t: int(documents[t].sum()) for t in (*DOC_NODES, *DOC_RELS) if t not in COUNTED_BY_DOCUMENT}
+    expected.update({t: frames[t].height for t in GLOBAL_NODES})
+    expected.update({rel: new_edges[rel].height for rel in GLOBAL_RELS})
+    measured = _counts(graph, expected)
+    for rel in COUNTED_BY_DOCUMENT:
+        if graph.lexical_edges_of(rel, sorted(per_doc)) != int(counts[rel].sum()):
+            return f"after the diff, the rewritten documents' {rel} edges are not what was written"
+        measured[rel] = int(documents[rel].sum())  # the others' were verified when they were written
+    wrong = {t: (measured[t], n) for t, n in expected.items() if measured[t] != n}
+    if wrong:
+        return "after the diff, Kùzu's counts disagree: " + ", ".join(f"{t} {m} not {n}" for t, (m, n) in wrong.items())
+    result.counts = measured
+    result.written = _written(state.documents, rewrite, counts, node_diff, edge_diff)
+
+    # statement vectors: the saved signatures stand for the stored rows when the untouched documents' rows add up
+    untouched = state.documents.filter(~_within("doc_id", rewrite))
+    signatures_before = {d: s for d, s in zip(state.documents["doc_id"], state.documents["statement_signature"]) if s}
+    now = {**{d: s for d, s in zip(untouched["doc_id"], untouched["statement_signature"]) if s}, **fresh}
+    touched_rows = vectors.count(lexical.STATEMENT_VECTORS, _in_list("doc_id", rewrite)) if rewrite else 0
+    if vectors.count(lexical.STATEMENT_VECTORS) - touched_rows == int(untouched["Statement"].sum()):
+        result.statement_vectors = "saved signatures"
+        before = {**signatures_before, **{d: "-" for d in rewrite}}  # rewritten: their rows are replaced
+    else:
+        result.statement_vectors = "scanned (the stored rows did not add up to the saved counts)"
+        before = lexical.stored_statement_signatures(vectors)
+    before.update({d: now[d] for d in kept if d in now})  # a damaged document's rows stay as they are
+
+    def statements_of(doc_id: str) -> pl.DataFrame:
+        if doc_id in statement_rows:
+            return statement_rows[doc_id]
+        return lexical.statement_vector_rows(store.read(STATEMENTS, doc_id))
+
+    result.embedded["statements"], tokens, ledger_rows = lexical.write_statement_vectors(
+        now, before, statements_of, vectors, embedder, run_id)
+    result.embedding_tokens += tokens
+    result.ledger_rows += ledger_rows
+    # entity vectors: only entities whose row changed are written
+    (_, new_entities, updated_entities) = node_diff["Entity"]
+    upserted = None
+    if vectors.count(lexical.ENTITY_VECTORS) == state.frames["Entity"].height:
+        upserted = lexical.upsert_entity_vectors(pl.concat([new_entities, updated_entities]),
+                                                 node_diff["Entity"][0]["id"].to_list(), frames["Entity"].height,
+                                                 vectors, embedder, run_id)
+    result.entity_vectors = "upserted" if upserted is not None else "replaced (the stored rows did not add up)"
+    if upserted is None:
+        upserted = lexical.replace_entity_vectors(frames["Entity"], vectors, embedder, run_id)
+    result.embedded["entities"] = upserted[0]
+    result.embedding_tokens += upserted[1]
+    result.ledger_rows += upserted[2]
+    save_state(state_dir, LexicalState(documents, rows, frames))
+    _finish(result, frames, now)
+    return ""
+
+
+def _write_diff(graph, rewrite: list[str], node_diff: dict, edge_diff: dict, d_nodes: dict, d_anchored: dict) -> None:
+    """Deletions first (documents' shares, nodes, edges), then updates, then new nodes, then new edges."""
+    graph.delete_lexical_documents(rewrite)
+    for table, (gone, _, _) in node_diff.items():
+        graph.delete_lexical_nodes(table, gone["id"].to_list())
+    for rel, (gone, _, updated) in edge_diff.items():
+        graph.delete_lexical_edges(rel, pl.concat([gone, updated.select("from", "to")]))
+    for table, (_, new, updated) in node_diff.items():
+        graph.update_lexical_nodes(table, updated)
+        graph.add_lexical_rows(table, new)
+    for table in DOC_NODES:
+        graph.add_lexical_rows(table, d_nodes[table])
+    for rel, (_, new, updated) in edge_diff.items():
+        graph.add_lexical_rows(rel, pl.concat([new, updated]))
+    for rel, frame in d_anchored.items():
+        graph.add_lexical_rows(rel, frame.drop("doc_id"))
+
+
+def _written(before: pl.DataFrame, rewrite: list[str], counts: pl.DataFrame, node_diff: dict,
+             edge_diff: dict) -> dict[str, dict[str, int]]:
+    """Rows added, removed and updated per table: a rewritten document's share counts as removed and added."""
+    had = before.filter(_within("doc_id", rewrite))
+    written = {t: {"added": int(counts[t].sum()), "removed": int(had[t].sum())} for t in (*DOC_NODES, *DOC_RELS)}
+    for table, (gone, new, updated) in {**node_diff, **edge_diff}.items():
+        written[table] = {"added": new.height, "removed": gone.height, "updated": updated.height}
+    return written
