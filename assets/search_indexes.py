@@ -24,20 +24,25 @@ from resources import IndexResource, LanceDBResource
 )
 def search_indexes(context: dg.AssetExecutionContext, index: IndexResource,
                    lancedb: LanceDBResource) -> dg.MaterializeResult:
-    settings, store = index.settings(), lancedb.get()
+    settings, store, files = index.settings(), lancedb.get(), index.corpus_files()
+    indexed = store.indexed_hashes()  # the catalog this update is made from
+    digest = ci.catalog_digest(indexed)
     chunks = store.count("chunks")
-    common = {"chunks": chunks, "threshold": settings.lance_threshold, "query_backend": settings.query_backend}
+    common = {"chunks": chunks, "threshold": settings.lance_threshold, "query_backend": settings.query_backend,
+              "catalog_digest": digest}
     if chunks == 0 or not settings.uses_lance(chunks):
         context.log.info(f"{chunks} chunks, below LEXGRAPH_LANCE_THRESHOLD={settings.lance_threshold}: queries "
                          "load the index into memory; no search indexes built")
+        files.record_built(ci.SEARCH_INDEXES, digest, settings)
         return dg.MaterializeResult(metadata={**common, "decision": "below threshold: none"})
     extract = index.extract_store()
-    links = lance_indexes.DocumentLinks(store.indexed_hashes(), lambda docs: ci.keyword_chunk_links(extract, docs))
-    report = lance_indexes.refresh(store, index.corpus_files().root, links)
+    links = lance_indexes.DocumentLinks(indexed, lambda docs: ci.keyword_chunk_links(extract, docs))
+    report = lance_indexes.refresh(store, files.root, links)
+    files.record_built(ci.SEARCH_INDEXES, digest, settings)  # last: a crash before it leaves the step out of step
     context.log.info(f"search indexes: {report['decision']} over {chunks} chunks in {report['seconds']} s")
     return dg.MaterializeResult(metadata={
         **common, "decision": report["decision"], "seconds": report["seconds"],
         "build_seconds": dg.MetadataValue.json(report["build_seconds"]),
         "keyword_links": dg.MetadataValue.json(report["keyword_links"]),
         "unindexed_rows": report["unindexed_rows"],
-        "state": dg.MetadataValue.path(str(lance_indexes.state_path(index.corpus_files().root)))})
+        "state": dg.MetadataValue.path(str(lance_indexes.state_path(files.root)))})

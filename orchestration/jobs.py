@@ -6,6 +6,7 @@ import polars as pl
 
 from assets.documents import document_assets, inbox, stored_hashes
 from assets.lexical import document_lexical_assets, lexical_assets
+from assets.maintenance import lance_compaction
 from assets.search_indexes import search_indexes
 from assets.skeleton import corpus_assets, document_keywords
 from lexgraph.build import pipeline
@@ -22,10 +23,11 @@ ingest_documents = dg.define_asset_job(
 )
 
 build_corpus_index = dg.define_asset_job(
-    "build_corpus_index", selection=dg.AssetSelection.assets(*corpus_assets, search_indexes, *lexical_assets),
+    "build_corpus_index", selection=dg.AssetSelection.assets(*corpus_assets, search_indexes, *lexical_assets,
+                                                          lance_compaction),
     description="Update the corpus-wide index: KNN graph → PageRank → skeleton, the keyword index, LanceDB's "
     "search indexes (from LEXGRAPH_LANCE_THRESHOLD chunks on), and the lexical graph (Statement, Topic, Fact, "
-    "Entity) loaded from every document's extractions.",
+    "Entity) loaded from every document's extractions; last, the fragmented LanceDB tables are compacted.",
 )
 
 extract_documents = dg.define_asset_job(

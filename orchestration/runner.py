@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from lexgraph import progress as stage_progress
 from lexgraph.build import pipeline
-from lexgraph.build.corpus_index import CorpusFiles
+from lexgraph.build.corpus_index import LEXICAL_GRAPH, CorpusFiles, solo_steps
 from lexgraph.inbox import FileState, scan_folder
 from lexgraph.settings import Settings
 from lexgraph.storage.extract_store import ExtractStore, verify_extracts
@@ -126,8 +126,8 @@ def ingest_folder(folder: str | Path, instance: dg.DagsterInstance, home: str | 
         if corpus and (catalog != indexed or stale):
             reporter.next_run()
             reporter.start("corpus index", 1, "update")
-            result = defs.resolve_job_def("build_corpus_index").execute_in_process(
-                instance=instance, tags=process_tags(), run_config=_quiet(), raise_on_error=False)
+            # the catalog as this ingest left it: only the out-of-step steps that nothing else reads may run alone
+            result = run_corpus_steps(defs, instance, solo_steps(stale) if catalog == indexed else None)
             reporter.advance("corpus index", 1)
             report.corpus_run = result.run_id
             report.corpus_index_ok = result.success
@@ -142,7 +142,6 @@ def follow_selection(defs: dg.Definitions, instance: dg.DagsterInstance, setting
                      reporter) -> None:
     """After the corpus update: re-extract the documents with newly selected skeleton chunks (only when an LLM
     is configured; only those chunks call it), then rebuild the lexical graph if its inputs changed."""
-    from lexgraph.build.corpus_index import LEXICAL_GRAPH
     from orchestration.reextraction import REASON_TAG, SELECTION_DIFF_TAG, mark_handled, selection_reextraction
 
     vectors = defs.resources["lancedb"].get()
@@ -158,7 +157,9 @@ def follow_selection(defs: dg.Definitions, instance: dg.DagsterInstance, setting
     if digest and ok:
         mark_handled(files, digest)
     if catalog and LEXICAL_GRAPH in files.stale_steps(catalog, settings):
-        result = run_lexical_graph(defs, instance, reporter)
+        _more_runs(reporter, 1)
+        reporter.next_run()
+        result = run_corpus_steps(defs, instance, [LEXICAL_GRAPH])
         report.lexical_run = result.run_id
         if not result.success:
             report.corpus_index_ok = False
@@ -199,14 +200,12 @@ def run_extractions(defs: dg.Definitions, instance: dg.DagsterInstance, doc_ids,
     return runs, failed, ok
 
 
-def run_lexical_graph(defs: dg.Definitions, instance: dg.DagsterInstance, reporter=None) -> dg.ExecuteInProcessResult:
-    """The corpus job's lexical_graph step alone (the other corpus steps are current)."""
-    reporter = reporter or _NoBar()
-    _more_runs(reporter, 1)
-    reporter.next_run()
+def run_corpus_steps(defs: dg.Definitions, instance: dg.DagsterInstance,
+                     steps: list[str] | None) -> dg.ExecuteInProcessResult:
+    """The corpus job: only these of its steps (the others are current), or all of it (None)."""
     return defs.resolve_job_def("build_corpus_index").execute_in_process(
         instance=instance, tags=process_tags(), run_config=_quiet(), raise_on_error=False,
-        asset_selection=[dg.AssetKey("lexical_graph")])
+        asset_selection=[dg.AssetKey(step) for step in steps] if steps else None)
 
 
 def reextract_index(instance: dg.DagsterInstance, settings: Settings,
@@ -230,13 +229,10 @@ def reextract_index(instance: dg.DagsterInstance, settings: Settings,
         files = CorpusFiles(settings.index_dir)
         if catalog and (report.documents or files.stale_steps(catalog, settings)):
             stale = files.stale_steps(catalog, settings)
-            if stale and stale != ["lexical_graph"]:  # the corpus index itself is behind: bring all of it up to date
-                _more_runs(reporter, 1)
-                reporter.next_run()
-                result = defs.resolve_job_def("build_corpus_index").execute_in_process(
-                    instance=instance, tags=process_tags(), run_config=_quiet(), raise_on_error=False)
-            else:
-                result = run_lexical_graph(defs, instance, reporter)
+            _more_runs(reporter, 1)
+            reporter.next_run()
+            # the lexical graph (and any other step nothing reads) alone, or all of a corpus index that is behind
+            result = run_corpus_steps(defs, instance, solo_steps(stale) if stale else [LEXICAL_GRAPH])
             report.lexical_run, report.lexical_ok = result.run_id, result.success
     from lexgraph.ledger import CostLedger
 

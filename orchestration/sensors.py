@@ -13,7 +13,7 @@ import dagster as dg
 from dagster._core.definitions.data_version import DATA_VERSION_TAG
 
 from assets.documents import inbox as inbox_asset
-from lexgraph.build.corpus_index import LEXICAL_GRAPH, catalog_digest
+from lexgraph.build.corpus_index import LEXICAL_GRAPH, SEARCH_INDEXES, catalog_digest, solo_steps, step_settings
 from lexgraph.ids import short_hash
 from lexgraph.inbox import FileState, ReconcilePlan, ScanCache, scan_folder, scan_inbox, states_from_json
 from orchestration.jobs import build_corpus_index, extract_documents, ingest_documents, purge_documents
@@ -224,10 +224,13 @@ def corpus_index_sensor(context: dg.SensorEvaluationContext, index: IndexResourc
                                  "re-ingestion; the corpus index follows")
     context.log.info(f"corpus index out of step with the catalog of {len(indexed)} document(s): {', '.join(stale)}"
                      + (f"; attempt {len(failed) + 1}" if failed else ""))
-    # Only the lexical graph behind (documents were re-extracted): run that step alone.
-    selection = [dg.AssetKey(LEXICAL_GRAPH)] if stale == [LEXICAL_GRAPH] else None
-    if selection:
+    # Only steps nothing else reads are behind (documents were re-extracted, a search setting changed): run them alone.
+    solo = solo_steps(stale)
+    selection = [dg.AssetKey(step) for step in solo] if solo else None
+    if solo and LEXICAL_GRAPH in solo:
         state = f"{state}-lexical-{files.lexical_inputs_digest(indexed)[:12]}"
+    if solo and SEARCH_INDEXES in solo:  # the settings asked for, so that a changed setting is a new request
+        state = f"{state}-search-{short_hash(step_settings(SEARCH_INDEXES, index.settings()), 8)}"
     return dg.RunRequest(run_key=f"{state}-{len(failed)}", job_name=build_corpus_index.name, asset_selection=selection,
                          tags={CORPUS_STATE_TAG: state, "lexgraph/catalog_digest": digest,
                                "lexgraph/stale_steps": ",".join(stale)})

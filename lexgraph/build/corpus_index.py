@@ -36,9 +36,14 @@ def knn_mode(requested: str, n_chunks: int) -> str:
 
 
 # The corpus assets, in the order the corpus job runs them; each records the catalog it was built from.
-CORPUS_STEPS = ("chunk_knn_graph", "chunk_pagerank", "skeleton_selection", "keyword_index", "lexical_graph")
+CORPUS_STEPS = ("chunk_knn_graph", "chunk_pagerank", "skeleton_selection", "keyword_index", "search_indexes",
+                "lexical_graph")
 # The step that loads the lexical graph; re-extraction without a catalog change makes only it out of step.
 LEXICAL_GRAPH = "lexical_graph"
+# LanceDB's search indexes; a changed LEXGRAPH_LANCE_THRESHOLD or query backend makes only it out of step.
+SEARCH_INDEXES = "search_indexes"
+# Steps nothing else reads: when only they are out of step, they run alone (not the whole corpus job).
+SOLO_STEPS = (SEARCH_INDEXES, LEXICAL_GRAPH)
 LEXICAL_TABLES = (STATEMENTS, TOPICS, FACTS, ENTITIES, RELATIONS)
 
 
@@ -54,7 +59,14 @@ def step_settings(step: str, settings) -> str:
     """The settings a corpus step's output depends on: changing one makes that step out of step, so
     `lexgraph ingest` and the corpus sensor rebuild it (the catalog alone would not show the change)."""
     knn = f"knn_k={settings.knn_k} knn_mode={settings.knn_mode}"
-    return {"chunk_knn_graph": knn, "chunk_pagerank": knn, "skeleton_selection": f"{knn} beta={settings.beta}"}.get(step, "")
+    search = f"query_backend={settings.query_backend} lance_threshold={settings.lance_threshold}"
+    return {"chunk_knn_graph": knn, "chunk_pagerank": knn, "skeleton_selection": f"{knn} beta={settings.beta}",
+            SEARCH_INDEXES: search}.get(step, "")
+
+
+def solo_steps(stale: list[str]) -> list[str] | None:
+    """The steps to run alone when only SOLO_STEPS are out of step, else None (the whole corpus job)."""
+    return list(stale) if stale and set(stale) <= set(SOLO_STEPS) else None
 
 
 def catalog_digest(indexed: dict[str, str]) -> str:

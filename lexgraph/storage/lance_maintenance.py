@@ -1,0 +1,80 @@
+"""Compaction of the LanceDB tables that per-document writes fragment.
+
+Every document written adds a fragment and a version to a table (the statements table of LiHua-World's 442
+documents held 442 fragments and 883 versions). Scans slow down with the fragment count (that table's full
+scan: 0.49 s before compaction, 0.085 s after) and every old version keeps its files on disk. Compacting
+rewrites the small fragments into a few and prunes versions older than KEEP_VERSIONS.
+
+Tables with an index of LanceDB's own (the chunk and keyword tables past LEXGRAPH_LANCE_THRESHOLD, the
+keyword links) are left to lexgraph.storage.lance_indexes.refresh, which folds new rows into their indexes;
+a query process also keeps those tables open between questions. Every other table is read by opening it
+afresh, at its latest version, so pruning versions an hour old takes nothing from a reader.
+No Dagster here (assets/maintenance.py runs it)."""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from lexgraph.storage.vector_store import VectorStore
+
+SMALL_FRAGMENTS = 32  # compact a table once it has this many small fragments ...
+VERSIONS = 200  # ... or keeps this many versions
+KEEP_VERSIONS = timedelta(hours=1)
+
+
+@dataclass
+class TableCompaction:
+    table: str
+    decision: str  # "compacted", "current", "indexed: left to search_indexes", or "failed: <why>"
+    fragments_before: int
+    fragments_after: int
+    versions_before: int
+    versions_after: int
+    bytes_before: int
+    bytes_after: int
+    seconds: float = 0.0
+
+
+def _disk_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def _shape(store: VectorStore, name: str) -> tuple[int, int, int]:
+    """(fragments, versions, bytes on disk, old versions' files included) of a table."""
+    table = store.db.open_table(name)
+    return (int(table.stats()["fragment_stats"]["num_fragments"]), len(table.list_versions()),
+            _disk_bytes(Path(store.table_uri(name))))
+
+
+def needs_compaction(table) -> bool:
+    stats = table.stats()
+    return (stats["fragment_stats"]["num_small_fragments"] >= SMALL_FRAGMENTS
+            or len(table.list_versions()) >= VERSIONS)
+
+
+def compact_table(store: VectorStore, name: str) -> TableCompaction:
+    table = store.db.open_table(name)
+    fragments, versions, size = _shape(store, name)
+    result = TableCompaction(name, "current", fragments, fragments, versions, versions, size, size)
+    if table.list_indices():
+        result.decision = "indexed: left to search_indexes"
+        return result
+    if not needs_compaction(table):
+        return result
+    started = time.perf_counter()
+    try:
+        table.optimize(cleanup_older_than=KEEP_VERSIONS)
+    except Exception as error:  # e.g. a commit conflict with a concurrent writer: the next run tries again
+        result.decision = f"failed: {type(error).__name__}: {error}"
+        return result
+    result.seconds = round(time.perf_counter() - started, 3)
+    result.fragments_after, result.versions_after, result.bytes_after = _shape(store, name)
+    result.decision = "compacted"
+    return result
+
+
+def compact_tables(store: VectorStore) -> list[dict]:
+    """Compact every table that needs it (see the module's doc) -> one report per table."""
+    return [asdict(compact_table(store, name)) for name in sorted(store.table_names())]

@@ -1,0 +1,76 @@
+"""The search_indexes corpus step is tracked like the others: recorded when built, out of step when its
+settings change or a crash stops it before its record, and then run alone (not the whole corpus job)."""
+import dagster as dg
+
+from lexgraph.build.corpus_index import CORPUS_STEPS, SEARCH_INDEXES, CorpusFiles, catalog_digest, solo_steps
+from lexgraph.settings import Settings
+from lexgraph.storage import lance_indexes
+from orchestration.runner import ingest_folder
+from tests.helpers import stores
+
+
+def _steps_run(instance, run_id):
+    return sorted(s.step_key for s in instance.get_run_step_stats(run_id))
+
+
+def _ingest(corpus, instance, home):
+    report = ingest_folder(corpus, instance, home=str(home), progress=False)
+    assert report.corpus_index_ok is not False, report.corpus_error
+    return report
+
+
+def test_solo_steps_only_for_steps_nothing_reads():
+    assert solo_steps([]) is None
+    assert solo_steps(["search_indexes"]) == ["search_indexes"]
+    assert solo_steps(["search_indexes", "lexical_graph"]) == ["search_indexes", "lexical_graph"]
+    assert solo_steps(["keyword_index", "search_indexes"]) is None
+
+
+def test_search_indexes_recorded_rerun_alone_on_a_setting_change_and_after_a_crash(tiny_corpus, home, instance,
+                                                                                   monkeypatch):
+    _ingest(tiny_corpus, instance, home)
+    settings = Settings.from_env(home=home)
+    files = CorpusFiles(settings.index_dir)
+    catalog = stores(home)[0].indexed_hashes()
+    assert SEARCH_INDEXES in CORPUS_STEPS
+    assert files.built_digests()[SEARCH_INDEXES] == catalog_digest(catalog)
+    assert files.stale_steps(catalog, settings) == []
+    assert not lance_indexes.state_path(files.root).exists()  # below the threshold: nothing built
+
+    # a lower threshold: only search_indexes is out of step, and only it runs
+    monkeypatch.setenv("LEXGRAPH_LANCE_THRESHOLD", "1")
+    lowered = Settings.from_env(home=home)
+    assert files.stale_steps(catalog, lowered) == [SEARCH_INDEXES]
+    report = _ingest(tiny_corpus, instance, home)
+    assert report.corpus_run is not None and _steps_run(instance, report.corpus_run) == [SEARCH_INDEXES]
+    assert lance_indexes.state_path(files.root).exists()
+    assert files.stale_steps(catalog, lowered) == []
+    assert _ingest(tiny_corpus, instance, home).corpus_run is None  # current: nothing runs
+
+    # killed before its record (simulated by losing the record): out of step, rerun alone, recorded again
+    built = files._read_built()
+    del built[SEARCH_INDEXES]
+    files._write_built(built)
+    assert files.stale_steps(catalog, lowered) == [SEARCH_INDEXES]
+    report = _ingest(tiny_corpus, instance, home)
+    assert _steps_run(instance, report.corpus_run) == [SEARCH_INDEXES]
+    assert files.stale_steps(catalog, lowered) == []
+
+
+def test_a_failing_search_step_stays_out_of_step_and_names_the_problem(tiny_corpus, home, instance, monkeypatch):
+    _ingest(tiny_corpus, instance, home)
+    monkeypatch.setenv("LEXGRAPH_QUERY_BACKEND", "lance")
+    files = CorpusFiles(Settings.from_env(home=home).index_dir)
+    state = lance_indexes.state_path(files.root)
+    state.parent.mkdir(parents=True, exist_ok=True)
+    state.mkdir()  # a folder where its state file goes: the step cannot write it
+    report = ingest_folder(tiny_corpus, instance, home=str(home), progress=False)
+    assert report.corpus_index_ok is False and "search_indexes" in (report.corpus_error or "")
+    catalog = stores(home)[0].indexed_hashes()
+    assert SEARCH_INDEXES in files.stale_steps(catalog, Settings.from_env(home=home))
+    state.rmdir()
+    report = _ingest(tiny_corpus, instance, home)
+    assert _steps_run(instance, report.corpus_run) == [SEARCH_INDEXES]
+    assert files.stale_steps(catalog, Settings.from_env(home=home)) == []
+    latest = instance.fetch_materializations(dg.AssetKey(SEARCH_INDEXES), limit=1).records[0]
+    assert latest.asset_materialization.metadata["decision"].value != "below threshold: none"
