@@ -229,3 +229,113 @@ def test_keyword_links_are_updated_by_document_and_end_equal_to_a_rewrite(lance_
     (corpus / li.LINK_DOCS_FILE).unlink()
     assert li.update_keyword_links(store, corpus, li.DocumentLinks(full, read))["keyword_links_mode"] == "rewritten"
     assert _links_table(store) == everything
+
+
+# -- the batched hybrid (one LanceDB query per channel for a question and its clauses) ------------------------
+
+COMPOUND = ["Who is the CEO of the engine supplier Kestrel and what did the arbitration award decide?",
+            "Which vessel had an engine fault before the board met about the Aberdeen quay?"]
+
+
+def _per_clause(lance: Retriever) -> Retriever:
+    """The same index answered the way it was before batching: each clause's channels on their own."""
+    from dataclasses import replace
+
+    from lexgraph.query.lance_backend import LanceSearch
+
+    search = lance.index.lance
+    old = LanceSearch(search.store, search.rows, replace(search.params, batched=False))
+    return Retriever(replace(lance.index, lance=old), lance.embed, lance.params, lance.embed_batch)
+
+
+def _as_dict(hits) -> dict[int, float]:
+    rows, scores = hits
+    return {int(r): round(float(s), 9) for r, s in zip(rows, scores)}
+
+
+def test_batched_hybrid_equals_one_retrieval_per_clause(pair):
+    from lexgraph.query.retrieval import sub_queries
+
+    _, lance = pair
+    search, old = lance.index.lance, _per_clause(lance)
+    assert search.params.batched and not old.index.lance.params.batched
+    for question in [*COMPOUND, *QUESTIONS]:
+        texts = [question, *sub_queries(question)]
+        vectors = [lance.embed(t) for t in texts]
+        # each channel batched gives every text's own hits
+        assert [_as_dict(h) for h in search.dense_many(vectors)] == [_as_dict(search.dense(v)) for v in vectors]
+        p = lance.params
+        assert [_as_dict(h) for h in search.keyword_many(texts, vectors, p.keyword_top, p.keyword_exact_weight,
+                                                         p.keyword_evidence_weight)] == \
+            [_as_dict(search.keyword(t, v, p.keyword_top, p.keyword_exact_weight, p.keyword_evidence_weight))
+             for t, v in zip(texts, vectors)]
+        # and the fused ranking is the per-clause one
+        batched, per_clause = lance.scores("hybrid", question), old.scores("hybrid", question)
+        assert np.array_equal(np.isfinite(batched), np.isfinite(per_clause)), question
+        # up to which of two hits tied at a channel's depth cut gets the 1e-6 × weight floor share (ranks_of
+        # leaves ties to argpartition; the batched fusion takes the lower row)
+        assert np.allclose(batched[np.isfinite(batched)], per_clause[np.isfinite(per_clause)], atol=1.01e-6)
+    assert all(len(sub_queries(q)) >= 2 for q in COMPOUND)
+
+
+@pytest.mark.parametrize("fusion", ["score", "rrf"])
+def test_fusion_on_hits_equals_fusion_on_arrays(fusion):
+    from lexgraph.query.lance_backend import fuse
+    from lexgraph.query.retrieval import reciprocal_rank_fusion, score_fusion, spread
+
+    rng = np.random.default_rng(3)
+    size, depth = 500, 30
+    rankings = []
+    for weight in (0.5, 1.0, 0.5, 0.25, 0.5, 0.125):
+        rows = rng.choice(size, size=int(rng.integers(0, 60)), replace=False)
+        rankings.append((rows, rng.random(len(rows)), weight))
+    arrays = [(spread(size, rows, scores), weight) for rows, scores, weight in rankings]
+    expected = score_fusion(arrays, size, depth) if fusion == "score" else \
+        reciprocal_rank_fusion(arrays, size, 60.0, depth)
+    expected[expected <= 0] = -np.inf
+    rows, scores = fuse(rankings, fusion, depth, 60.0)
+    assert np.all(np.diff(scores) <= 0)  # best first
+    assert np.allclose(spread(size, rows, scores), expected, equal_nan=True)
+    assert fuse([], fusion, depth, 60.0)[0].size == 0
+
+
+@pytest.mark.parametrize("question, refused", [
+    ("", "empty"), (" \x00\x07\u200b ", "empty"), ("?!" * 10, "no letters"), ("x" * 100_000, "characters long"),
+    ("Who\x00 is the\x1b CEO of\u2028 the engine supplier\x7f Kestrel?", None),
+    ("O'Brien's \"quoted\" (Kestrel) AND OR NOT * ? : -- ; DROP TABLE chunks", None),
+])
+def test_bad_questions_get_clean_answers_in_lance_mode(lance_home, monkeypatch, question, refused):
+    from lexgraph.query.service import QueryError
+
+    monkeypatch.setenv("LEXGRAPH_QUERY_BACKEND", "lance")
+    service = _service(lance_home)
+    if refused:
+        with pytest.raises(QueryError, match=refused):
+            service.ask(question, route="semantic")
+        return
+    answer = service.ask(question, route="auto")
+    assert isinstance(answer["answer"], str) and answer["route"] == "semantic"
+    assert service.log.lines()[-1]["query_id"] == answer["query_id"]
+
+
+def test_a_100_kb_text_and_odd_characters_reach_lancedb_cleanly(pair):
+    """Past the service's length check (the retriever serves `lexgraph search` and the bench too): a 100 kB
+    text, quotes and control characters go through every LanceDB channel without a query-parser error."""
+    _, lance = pair
+    words = " ".join(f"{w}{i}" for i, w in enumerate(("Kestrel", "O'Brien's", "engine\x00", "quay\x1b")
+                                                         * 6000))[:100_000]
+    unit = np.zeros(len(lance.embed("probe")), dtype=np.float32)
+    unit[0] = 1.0
+    for text in (words, "\x00\x01", "'; DROP TABLE chunks; --", "Kestrel's \"engine\" (fault) AND NOT"):
+        rows, scores = lance.index.lance.hybrid([text], lambda texts: [unit for _ in texts], lance.params, 0)
+        assert len(rows) == len(scores) and np.all(np.isfinite(scores))
+
+
+_SERVICES: dict = {}
+
+
+def _service(home) -> QueryService:
+    """One lance-mode service for the parametrized bad-question test (loading it is the slow part)."""
+    if home not in _SERVICES:
+        _SERVICES[home] = QueryService(Settings.from_env(home=home), use_llm=False)
+    return _SERVICES[home]

@@ -272,14 +272,20 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000, token: 
     if not 0 <= port <= 65535:
         raise ServeError(f"the port must be from 0 to 65535, got {port}")
     threads = torch_threads()
-    import torch
-    import uvicorn
+    from lexgraph.extract.embedder import TORCH
 
-    torch.set_num_threads(threads)  # process-wide: the request threads use it too
+    if settings.embed_backend == TORCH:  # the onnx backends never load torch: importing it costs seconds
+        import torch
+
+        torch.set_num_threads(threads)  # process-wide: the request threads use it too
 
     from lexgraph.query.service import QueryService
 
-    app = create_app(QueryService(settings), token)
+    service = QueryService(settings)
+    service.warm()  # the index and the model load while uvicorn starts; the first question waits for them
+    import uvicorn
+
+    app = create_app(service, token)
     config = uvicorn.Config(app, host=host.strip().strip("[]"), port=port, log_level=log_level,
                             proxy_headers=False, server_header=False, lifespan="off")
     uvicorn.Server(config).run()

@@ -21,7 +21,7 @@ from pathlib import Path
 from lexgraph.build.corpus_index import catalog_digest
 from lexgraph.query.answer import Answer, ExtractiveAnswerer, LLMAnswerer
 from lexgraph.query.engine import ROUTE_CHOICES, QueryEngine, QueryParams, Retrieval
-from lexgraph.query.lance_backend import index_health
+from lexgraph.query.lance_backend import index_health, warm_lance
 from lexgraph.query.provenance import citation_provenance, index_identity
 from lexgraph.query.scale_engine import ScaleQueryEngine
 from lexgraph.settings import Settings
@@ -164,6 +164,8 @@ class QueryService:
                 return self._engine
             engine = self._load()
             engine.catalog = catalog  # what the answers of this engine cite: their provenance reads it
+            # the same for every answer of this engine: hashing 50,000 documents' catalog took ~20 ms a question
+            engine.identity = index_identity(self.settings, catalog)
             with self._lock:
                 self._engine, self._signature, self._stamps = engine, signature, stamps
             return engine
@@ -180,18 +182,42 @@ class QueryService:
         return tuple(p.stat().st_mtime_ns for p in versions) + tuple(
             p.stat().st_mtime_ns if p.exists() else 0 for p in files)
 
+    def warm(self) -> threading.Thread:
+        """Load the engine in a background thread (what `lexgraph serve` starts with, so the index, the model
+        and the search indexes load while the server starts); a question asked meanwhile waits for it. A
+        load that fails (an empty index) is left to the first question, which reports it."""
+        def run() -> None:
+            try:
+                self.engine()
+            except Exception:  # noqa: BLE001 - the first question loads again and answers with the error
+                pass
+
+        thread = threading.Thread(target=run, name="lexgraph-warm", daemon=True)
+        thread.start()
+        return thread
+
     def _load(self) -> QueryEngine:
-        from lexgraph.index import LexIndex
-        from lexgraph.query.router import Router, default_exemplars
+        from concurrent.futures import ThreadPoolExecutor
+
+        from lexgraph.index import EmptyIndexError, LexIndex
+        from lexgraph.query.retrieval import Retriever, load_index, load_lance_index
 
         index = LexIndex(self.settings)
-        retriever = index.retriever()  # raises EmptyIndexError when nothing is indexed
-        lance = retriever.index.lance is not None
-        embedder = index.embedder()
-        router = self._router
-        if router is None:
-            exemplars = default_exemplars(self.settings.router_exemplars)
-            router = Router(exemplars, embedder.embed_queries) if exemplars else None
+        chunks = index.vectors.count("chunks")
+        if chunks == 0:
+            raise EmptyIndexError(f"the index {self.settings.index_dir} is empty")
+        lance = self.settings.uses_lance(chunks)
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="lexgraph-load") as pool:
+            # the model (and the router's exemplars, embedded by it) load beside the index: most of either is
+            # native code (onnxruntime, LanceDB) that runs outside the GIL. As LexIndex.retriever, which would
+            # load them one after the other.
+            embedder = pool.submit(index.embedder)
+            router = pool.submit(self._router_for, embedder)
+            loaded = (load_lance_index if lance else load_index)(self.settings)
+            if lance:
+                warm_lance(loaded)
+            embedder, router = embedder.result(), router.result()
+        retriever = Retriever(loaded, embedder.embed_query, None, embedder.embed_queries)
         extractive = ExtractiveAnswerer(retriever.index.bm25)
         answerer, decompose = extractive, None
         llm = self._llm_client()
@@ -203,6 +229,14 @@ class QueryService:
             return ScaleQueryEngine(retriever, router, answerer, self.params, decompose,
                                     chunks=retriever.index.size, threshold=self.settings.lance_threshold)
         return QueryEngine(retriever, router, answerer, self.params, decompose)
+
+    def _router_for(self, embedder):
+        from lexgraph.query.router import Router, default_exemplars
+
+        if self._router is not None:
+            return self._router
+        exemplars = default_exemplars(self.settings.router_exemplars)
+        return Router(exemplars, embedder.result().embed_queries) if exemplars else None
 
     def _llm_client(self):
         from lexgraph.build.lexical import llm_config
@@ -233,7 +267,7 @@ class QueryService:
         response = self._response(query_id, question, retrieval, answer)
         catalog = engine.catalog
         record = {**response, "asked_at": log_line["at"], "log": log_line,
-                  "index": index_identity(self.settings, catalog),
+                  "index": getattr(engine, "identity", None) or index_identity(self.settings, catalog),
                   "citations": citation_provenance(self.settings, answer.citations, catalog)}
         response["provenance"] = {k: record[k] for k in ("asked_at", "index")} | {
             "route_reason": log_line["reason"], "answerer": answer.answerer, "evidence_items": len(retrieval.context.items),
