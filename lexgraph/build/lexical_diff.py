@@ -229,11 +229,12 @@ def save_state(root: Path | None, state: LexicalState) -> str:
     generation = uuid.uuid4().hex
     folder = root / generation
     folder.mkdir(parents=True, exist_ok=True)
-    state.documents.write_parquet(folder / "documents.parquet")
+    # lz4: written on every run, so its speed counts more than its size (a third of zstd's time)
+    state.documents.write_parquet(folder / "documents.parquet", compression="lz4")
     for table, frame in state.rows.items():
-        frame.write_parquet(folder / f"rows_{table}.parquet")
+        frame.write_parquet(folder / f"rows_{table}.parquet", compression="lz4")
     for table, frame in state.frames.items():
-        frame.write_parquet(folder / f"{table}.parquet")
+        frame.write_parquet(folder / f"{table}.parquet", compression="lz4")
     _write_marker(root, {"format": STATE_FORMAT, "generation": generation, "synced": True})
     for old in root.iterdir():
         if old.is_dir() and old.name != generation:
@@ -360,16 +361,21 @@ def _finish(result, frames: dict, statement_signatures: dict[str, str]) -> None:
     result.digest = lexical.lexical_digest(statement_signatures, frames)
 
 
-def diff_lexical_graph(state: LexicalState, doc_ids: list[str], store, graph, vectors, embedder, result,
-                       run_id: str, state_dir: Path | None) -> str:
-    """Read the changed documents, resolve the keys they touch, write the differences. -> "" when done, else
-    why the stores cannot be trusted (the caller rebuilds)."""
-    from lexgraph.build import lexical
-    from lexgraph.build.resolution import entity_id_of_key, fact_id_of_key
-    from lexgraph.storage.vector_store import _in_list
+@dataclass
+class DocumentChanges:
+    """Which documents a diff reads and rewrites, against the saved state."""
 
-    result.mode = "diff"
-    signatures = {d: lexical_signature(store, d) for d in doc_ids}
+    current: dict[str, str]  # doc_id -> signature of its lexical tables (catalog documents that have them)
+    loaded: dict[str, str]  # doc_id -> when its Source node was loaded
+    read: dict[str, dict[str, pl.DataFrame]]  # the documents read: their lexical tables
+    rewrite: list[str]  # documents whose own share of the graph is deleted (and written again when read)
+    kept: set[str]  # damaged documents that keep their previous share
+
+
+def classify_documents(state: LexicalState, doc_ids: list[str], store, graph, result) -> DocumentChanges:
+    """Added, changed (signature), reloaded (Source load time) and removed documents; only the first three are
+    read. A damaged document keeps its share while the graph still holds it; else it is left out."""
+    signatures = {d: lexical_signature(store, d) for d in doc_ids}  # before reading: a later write is not missed
     current = {d: s for d, s in signatures.items() if s is not None}
     result.missing = sorted(d for d in doc_ids if signatures[d] is None)
     loaded = graph.source_versions()
@@ -379,99 +385,139 @@ def diff_lexical_graph(state: LexicalState, doc_ids: list[str], store, graph, ve
     reloaded = sorted(d for d in current if d in old and old[d]["signature"] == current[d]
                       and old[d]["loaded"] != loaded.get(d, ""))
     removed = sorted(d for d in old if d not in current)
-    per_doc, result.damaged = read_documents(store, [*added, *changed, *reloaded])
-    # a damaged document keeps what it had while its share is still in the graph; else it is left out
+    read, result.damaged = read_documents(store, [*added, *changed, *reloaded])
     kept = {d for d in result.damaged if d in old and old[d]["loaded"] == loaded.get(d, "")}
-    rewrite = sorted(set(per_doc) | set(removed) | (set(result.damaged) - kept))
-    result.changes = {"added": [d for d in added if d in per_doc], "changed": [d for d in changed if d in per_doc],
-                      "reloaded": [d for d in reloaded if d in per_doc],
-                      "removed": removed + sorted(d for d in set(result.damaged) - kept if d in old)}
-    result.documents_read = sorted(per_doc)
-    result.documents = sorted(set(per_doc) | (set(old) - set(rewrite)))
+    left_out = set(result.damaged) - kept
+    result.changes = {"added": [d for d in added if d in read], "changed": [d for d in changed if d in read],
+                      "reloaded": [d for d in reloaded if d in read],
+                      "removed": removed + sorted(d for d in left_out if d in old)}
+    result.documents_read = sorted(read)
+    rewrite = sorted(set(read) | set(removed) | left_out)
+    result.documents = sorted(set(read) | (set(old) - set(rewrite)))
+    return DocumentChanges(current, loaded, read, rewrite, kept)
 
-    # resolution again for the keys the rewritten documents' old and new rows touch
-    new_tables = concat_tables([per_doc[d] for d in sorted(per_doc)])
-    new_rows = keyed_rows(new_tables)
+
+def resolve_touched(state: LexicalState, new_rows: dict[str, pl.DataFrame], rewrite: list[str]) -> tuple[dict, dict]:
+    """Every document's rows with the rewritten documents' replaced, and the global frames with the keys those
+    documents' old and new rows touch resolved again (from all their rows). -> (rows, frames)."""
+    from lexgraph.build import lexical
+    from lexgraph.build.resolution import entity_id_of_key, fact_id_of_key
+
     leaving = {t: state.rows[t].filter(_within("doc_id", rewrite)) for t in ROW_TABLES}
     rows = {t: pl.concat([state.rows[t].filter(~_within("doc_id", rewrite)), new_rows[t].select(state.rows[t].columns)],
                          how="vertical_relaxed") for t in ROW_TABLES}
     keys = lambda table, column: {k for t in (leaving, new_rows) for k in t[table][column].drop_nulls().to_list()}  # noqa: E731
     entity_keys, fact_keys, pairs = keys(ENTITIES, KEY), keys(FACTS, KEY), keys(RELATIONS, PAIR)
-    t_nodes, t_edges, _, t_merges = lexical.lexical_graph_frames(touched_tables(rows, entity_keys, fact_keys, pairs))
-    frames = splice_frames(state.frames, global_frames(t_nodes, t_edges, t_merges),
+    nodes, edges, _, merges = lexical.lexical_graph_frames(touched_tables(rows, entity_keys, fact_keys, pairs))
+    frames = splice_frames(state.frames, global_frames(nodes, edges, merges),
                            {entity_id_of_key(k) for k in entity_keys}, {fact_id_of_key(k) for k in fact_keys}, pairs)
-    # the rewritten documents' own share, and what changed among facts, entities and their edges
+    return rows, frames
+
+
+def diff_lexical_graph(state: LexicalState, doc_ids: list[str], store, graph, vectors, embedder, result,
+                       run_id: str, state_dir: Path | None) -> str:
+    """Read the changed documents, resolve the keys they touch, write the differences. -> "" when done, else
+    why the stores cannot be trusted (the caller rebuilds)."""
+    from lexgraph.build import lexical
+
+    result.mode = "diff"
+    docs = classify_documents(state, doc_ids, store, graph, result)
+    new_tables = concat_tables([docs.read[d] for d in sorted(docs.read)])
+    rows, frames = resolve_touched(state, keyed_rows(new_tables), docs.rewrite)
+    # the read documents' own share, and what changed among facts, entities and their edges
     d_nodes, d_edges, _, _ = lexical.lexical_graph_frames(new_tables)
-    d_anchored = anchored_documents(d_nodes, d_edges, graph.chunks_of(sorted(per_doc)), set(loaded), frames)
+    d_anchored = anchored_documents(d_nodes, d_edges, graph.chunks_of(sorted(docs.read)), set(docs.loaded), frames)
     node_diff = {t: frame_diff(state.frames[t], frames[t], ["id"]) for t in GLOBAL_NODES}
     old_edges, new_edges = anchored_global(state.frames), anchored_global(frames)
     edge_diff = {rel: frame_diff(old_edges[rel], new_edges[rel], ["from", "to"]) for rel in GLOBAL_RELS}
 
     mark_writing(state_dir)
     try:
-        _write_diff(graph, rewrite, node_diff, edge_diff, d_nodes, d_anchored)
+        _write_diff(graph, docs.rewrite, node_diff, edge_diff, d_nodes, d_anchored)
     except RuntimeError as error:  # an edge to a node the graph does not hold: it is not what the state says
         return f"the diff could not be written ({str(error).splitlines()[0][:200]})"
-
-    # the counts Kùzu must now hold
-    counts = document_counts(sorted(per_doc), d_nodes, d_anchored)
-    statement_rows = {d: lexical.statement_vector_rows(per_doc[d][STATEMENTS]) for d in per_doc}
-    fresh = {d: sig for d in per_doc if (sig := lexical._signatures(statement_rows[d]).get(d))}
-    documents = pl.concat([state.documents.filter(~_within("doc_id", rewrite)),
-                           _documents(counts, current, loaded, fresh).select(state.documents.columns)],
+    counts = document_counts(sorted(docs.read), d_nodes, d_anchored)
+    statement_rows = {d: lexical.statement_vector_rows(docs.read[d][STATEMENTS]) for d in docs.read}
+    fresh = {d: sig for d in docs.read if (sig := lexical._signatures(statement_rows[d]).get(d))}
+    documents = pl.concat([state.documents.filter(~_within("doc_id", docs.rewrite)),
+                           _documents(counts, docs.current, docs.loaded, fresh).select(state.documents.columns)],
                           how="vertical_relaxed").sort("doc_id")
+    problem = _verify_counts(graph, documents, counts, frames, new_edges, sorted(docs.read), result)
+    if problem:
+        return problem
+    result.written = _written(state.documents, docs.rewrite, counts, node_diff, edge_diff)
+    now = _update_statement_vectors(state, docs, statement_rows, fresh, store, vectors, embedder, result, run_id)
+    _update_entity_vectors(state, node_diff["Entity"], frames["Entity"], vectors, embedder, result, run_id)
+    save_state(state_dir, LexicalState(documents, rows, frames))
+    _finish(result, frames, now)
+    return ""
+
+
+def _verify_counts(graph, documents: pl.DataFrame, counts: pl.DataFrame, frames: dict, edges: dict,
+                   read: list[str], result) -> str:
+    """Kùzu's counts against the state's; EXTRACTED_FROM and BELONGS_TO for the documents just written."""
     expected = {t: int(documents[t].sum()) for t in (*DOC_NODES, *DOC_RELS) if t not in COUNTED_BY_DOCUMENT}
     expected.update({t: frames[t].height for t in GLOBAL_NODES})
-    expected.update({rel: new_edges[rel].height for rel in GLOBAL_RELS})
+    expected.update({rel: edges[rel].height for rel in GLOBAL_RELS})
     measured = _counts(graph, expected)
     for rel in COUNTED_BY_DOCUMENT:
-        if graph.lexical_edges_of(rel, sorted(per_doc)) != int(counts[rel].sum()):
+        if graph.lexical_edges_of(rel, read) != int(counts[rel].sum()):
             return f"after the diff, the rewritten documents' {rel} edges are not what was written"
-        measured[rel] = int(documents[rel].sum())  # the others' were verified when they were written
+        measured[rel] = int(documents[rel].sum())  # the other documents' were counted when they were written
     wrong = {t: (measured[t], n) for t, n in expected.items() if measured[t] != n}
     if wrong:
         return "after the diff, Kùzu's counts disagree: " + ", ".join(f"{t} {m} not {n}" for t, (m, n) in wrong.items())
     result.counts = measured
-    result.written = _written(state.documents, rewrite, counts, node_diff, edge_diff)
+    return ""
 
-    # statement vectors: the saved signatures stand for the stored rows when the untouched documents' rows add up
-    untouched = state.documents.filter(~_within("doc_id", rewrite))
-    signatures_before = {d: s for d, s in zip(state.documents["doc_id"], state.documents["statement_signature"]) if s}
+
+def _update_statement_vectors(state: LexicalState, docs: DocumentChanges, statement_rows: dict, fresh: dict,
+                              store, vectors, embedder, result, run_id: str) -> dict[str, str]:
+    """The saved signatures stand for the stored rows when the untouched documents' rows add up (a purge has
+    already deleted a removed document's rows); else the whole table is scanned. -> doc_id -> signature."""
+    from lexgraph.build import lexical
+    from lexgraph.storage.vector_store import _in_list
+
+    untouched = state.documents.filter(~_within("doc_id", docs.rewrite))
     now = {**{d: s for d, s in zip(untouched["doc_id"], untouched["statement_signature"]) if s}, **fresh}
-    touched_rows = vectors.count(lexical.STATEMENT_VECTORS, _in_list("doc_id", rewrite)) if rewrite else 0
+    touched_rows = vectors.count(lexical.STATEMENT_VECTORS, _in_list("doc_id", docs.rewrite)) if docs.rewrite else 0
     if vectors.count(lexical.STATEMENT_VECTORS) - touched_rows == int(untouched["Statement"].sum()):
         result.statement_vectors = "saved signatures"
-        before = {**signatures_before, **{d: "-" for d in rewrite}}  # rewritten: their rows are replaced
+        before = {d: s for d, s in zip(state.documents["doc_id"], state.documents["statement_signature"]) if s}
+        before.update({d: "-" for d in docs.rewrite})  # rewritten: their rows are replaced
     else:
         result.statement_vectors = "scanned (the stored rows did not add up to the saved counts)"
         before = lexical.stored_statement_signatures(vectors)
-    before.update({d: now[d] for d in kept if d in now})  # a damaged document's rows stay as they are
+    before.update({d: now[d] for d in docs.kept if d in now})  # a damaged document's rows stay as they are
 
     def statements_of(doc_id: str) -> pl.DataFrame:
         if doc_id in statement_rows:
             return statement_rows[doc_id]
         return lexical.statement_vector_rows(store.read(STATEMENTS, doc_id))
 
-    result.embedded["statements"], tokens, ledger_rows = lexical.write_statement_vectors(
-        now, before, statements_of, vectors, embedder, run_id)
+    result.embedded["statements"], tokens, rows = lexical.write_statement_vectors(now, before, statements_of, vectors,
+                                                                                  embedder, run_id)
     result.embedding_tokens += tokens
-    result.ledger_rows += ledger_rows
-    # entity vectors: only entities whose row changed are written
-    (_, new_entities, updated_entities) = node_diff["Entity"]
-    upserted = None
+    result.ledger_rows += rows
+    return now
+
+
+def _update_entity_vectors(state: LexicalState, entity_diff: tuple, entities: pl.DataFrame, vectors, embedder, result,
+                           run_id: str) -> None:
+    """Only the entities whose row changed are written; the whole table when its rows do not add up."""
+    from lexgraph.build import lexical
+
+    gone, new, updated = entity_diff
+    written = None
     if vectors.count(lexical.ENTITY_VECTORS) == state.frames["Entity"].height:
-        upserted = lexical.upsert_entity_vectors(pl.concat([new_entities, updated_entities]),
-                                                 node_diff["Entity"][0]["id"].to_list(), frames["Entity"].height,
-                                                 vectors, embedder, run_id)
-    result.entity_vectors = "upserted" if upserted is not None else "replaced (the stored rows did not add up)"
-    if upserted is None:
-        upserted = lexical.replace_entity_vectors(frames["Entity"], vectors, embedder, run_id)
-    result.embedded["entities"] = upserted[0]
-    result.embedding_tokens += upserted[1]
-    result.ledger_rows += upserted[2]
-    save_state(state_dir, LexicalState(documents, rows, frames))
-    _finish(result, frames, now)
-    return ""
+        written = lexical.upsert_entity_vectors(pl.concat([new, updated]), gone["id"].to_list(), entities.height,
+                                                vectors, embedder, run_id)
+    result.entity_vectors = "upserted" if written is not None else "replaced (the stored rows did not add up)"
+    if written is None:
+        written = lexical.replace_entity_vectors(entities, vectors, embedder, run_id)
+    result.embedded["entities"] = written[0]
+    result.embedding_tokens += written[1]
+    result.ledger_rows += written[2]
 
 
 def _write_diff(graph, rewrite: list[str], node_diff: dict, edge_diff: dict, d_nodes: dict, d_anchored: dict) -> None:
