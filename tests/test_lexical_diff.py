@@ -251,3 +251,17 @@ def test_a_graph_that_does_not_add_up_is_rebuilt(index, tmp_path, table):
     assert result.mode == "rebuild", result.reason
     assert f"{table} " in result.reason or "could not be written" in result.reason, result.reason
     assert_same(index.snapshot(), from_scratch(index, tmp_path))
+
+
+def test_a_change_to_most_documents_is_rebuilt(index, tmp_path, monkeypatch):
+    from lexgraph.build import lexical_diff
+
+    monkeypatch.setattr(lexical_diff, "REBUILD_MIN_DOCUMENTS", 1)  # the corpus here is tiny
+    index.put("alpha.md", DOCS["alpha.md"])
+    index.put("beta.txt", DOCS["beta.txt"])
+    index.build()
+    index.put("gamma.md", DOCS["gamma.md"])  # a third of the documents: over the share
+    result = index.build()
+    assert result.mode == "rebuild" and "a rebuild is cheaper" in result.reason
+    assert_same(index.snapshot(), from_scratch(index, tmp_path))
+    assert index.build().mode == "diff"

@@ -40,6 +40,9 @@ GLOBAL_RELS = ("SUBJECT", "OBJECT", "RELATED")
 # Doc-scoped rel tables too large to count whole on every run (one edge per statement): counted for the
 # rewritten documents only; every other table is counted whole after a diff.
 COUNTED_BY_DOCUMENT = ("EXTRACTED_FROM", "BELONGS_TO")
+# Past this share of the documents (and this many), a rebuild is cheaper than the diff: deleting a document's
+# share goes row by row, dropping and recreating the tables does not.
+REBUILD_SHARE, REBUILD_MIN_DOCUMENTS = 0.25, 50
 KEY, PAIR = "_key", "_pair"
 ROW_TABLES = (ENTITIES, FACTS, RELATIONS)
 FRAMES = (*GLOBAL_NODES, *GLOBAL_RELS, "merges")
@@ -422,6 +425,8 @@ def diff_lexical_graph(state: LexicalState, doc_ids: list[str], store, graph, ve
 
     result.mode = "diff"
     docs = classify_documents(state, doc_ids, store, graph, result)
+    if len(docs.rewrite) >= REBUILD_MIN_DOCUMENTS and len(docs.rewrite) > REBUILD_SHARE * state.documents.height:
+        return f"{len(docs.rewrite)} of {state.documents.height} documents changed: a rebuild is cheaper"
     new_tables = concat_tables([docs.read[d] for d in sorted(docs.read)])
     rows, frames = resolve_touched(state, keyed_rows(new_tables), docs.rewrite)
     # the read documents' own share, and what changed among facts, entities and their edges
