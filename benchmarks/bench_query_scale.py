@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_serve import Client, percentile, rss_mb, start_server, stop, until_up  # noqa: E402
 from lexgraph.ids import chunk_id  # noqa: E402
+from lexgraph.query.retrieval import sub_queries  # noqa: E402
 from lexgraph.settings import Settings  # noqa: E402
 from lexgraph.storage import lance_indexes as li  # noqa: E402
 from lexgraph.storage.vector_store import CHUNKS, KEYWORDS, SOURCE_SCHEMA, VectorStore, chunk_schema  # noqa: E402
@@ -249,14 +250,15 @@ def serve_figures(home: Path, asked: list[str], env_extra: dict, clients: int, s
         figures["health"] = client.request("GET", "/health")[1]
         for question in asked[1:6]:  # warm-up, not counted
             client.ask(question, "semantic")
-        latencies, failed = [], 0
+        latencies, compound, failed = [], [], 0
         for question in asked[6:]:
             status, _, latency = client.ask(question, "semantic")
             if status == 200:
                 latencies.append(latency)
+                compound.append(bool(sub_queries(question)))
             else:
                 failed += 1
-        figures.update(sequential=latencies, sequential_errors=failed)
+        figures.update(sequential=latencies, sequential_errors=failed, sequential_compound=compound)
         figures.update(concurrent(port, asked, clients, seconds))
         figures["rss_after_load_mb"], figures["hwm_after_load_mb"] = rss_mb(server.pid)
     finally:
@@ -300,7 +302,7 @@ def ann_recall(search, table, vectors: np.ndarray) -> float:
     found = []
     for vector in vectors:
         exact = table.search(vector).distance_type("cosine").limit(10).bypass_vector_index().select(
-            []).with_row_id(True).to_arrow().column("_rowid").to_pylist()
+            ["_rowid"]).to_arrow().column("_rowid").to_pylist()
         rows, _ = search.dense(vector)
         approx = search.rows.rowids[rows[:10]].tolist()
         found.append(len(set(exact) & set(approx)) / 10)
@@ -343,6 +345,11 @@ def main() -> None:
     seq = figures["sequential"]
     print(f"{label}: semantic route, one client, {len(seq)} questions: p50 {1000 * percentile(seq, 50):.0f} ms, "
           f"p95 {1000 * percentile(seq, 95):.0f} ms, errors {figures['sequential_errors']}")
+    for kind, wanted in (("one-clause", False), ("compound", True)):
+        part = [t for t, c in zip(seq, figures["sequential_compound"]) if c == wanted]
+        if part:
+            print(f"{label}:   {kind} questions ({len(part)}): p50 {1000 * percentile(part, 50):.0f} ms, "
+                  f"p95 {1000 * percentile(part, 95):.0f} ms")
     print(f"{label}: {args.clients} clients for {args.seconds:.0f} s: {figures['concurrent_answers']} answers, "
           f"{figures['throughput']:.1f} answers/s, errors {figures['concurrent_errors']}, p95 "
           f"{1000 * percentile(figures['concurrent_latency'], 95):.0f} ms")

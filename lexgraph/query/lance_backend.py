@@ -14,8 +14,9 @@ context and answer code keep working on score arrays of N floats. The hybrid ran
 question's and its clauses' channels together: one multi-vector ANN query for every text's dense hits, one
 for their nearest keywords, one read of all their keyword links and one fetch of all their candidate
 vectors, the full-text queries side by side; it fuses on the hits (a few hundred rows), not on arrays of N.
-Queries project `_rowid` explicitly: an empty projection made LanceDB read every column of each hit
-(dense 28 → 12 ms, full text 21 → 3 ms at 1M chunks). What the process holds: each
+Queries project `_rowid` (and the score) explicitly: an empty projection made LanceDB read every column of
+each hit (dense 28 → 12 ms, full text 21 → 3 ms at 1M chunks), and a projection without `_distance` logs a
+deprecation warning on every vector query. What the process holds: each
 row's LanceDB row id and token count (12 bytes a chunk), rows fetched for answers (bounded cache), and the
 idf of terms in a sample of chunk texts (what the extractive answerer weighs question words by). No
 vectors: nothing of size N × dimension. The graph channels (statements, entities, paths) are not loaded.
@@ -186,7 +187,7 @@ class LanceSearch:
         k = k or self.params.candidates
         batch = [v.astype(np.float32) for v in vectors]
         query = self.chunks.search(batch if len(batch) > 1 else batch[0]).distance_type("cosine").limit(k) \
-            .nprobes(self.nprobes).select(["_rowid"])
+            .nprobes(self.nprobes).select(["_rowid", "_distance"])
         if self.states[li.ANN_INDEX].kind == "IVF_PQ":
             query = query.refine_factor(self.params.refine_factor)
         result = query.to_arrow()
@@ -199,7 +200,7 @@ class LanceSearch:
         if not tokens or not self.states[li.FTS_INDEX].present:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
         result = self.chunks.search(" ".join(dict.fromkeys(tokens)), query_type="fts", fts_columns="text") \
-            .limit(k or self.params.candidates).select(["_rowid"]).to_arrow()
+            .limit(k or self.params.candidates).select(["_rowid", "_score"]).to_arrow()
         return self._ranked(result, result.column("_score").to_numpy().astype(float))
 
     def keyword(self, query: str, query_vector: np.ndarray, keyword_top: int, exact_weight: float,
@@ -260,7 +261,7 @@ class LanceSearch:
         if top:
             batch = [v.astype(np.float32) for v in vectors]
             near = self.keywords.search(batch if len(batch) > 1 else batch[0]).distance_type("cosine") \
-                .limit(top).nprobes(self.params.nprobes).select(["keyword"]).to_arrow()
+                .limit(top).nprobes(self.params.nprobes).select(["keyword", "_distance"]).to_arrow()
             keywords, distances = near.column("keyword").to_pylist(), near.column("_distance").to_pylist()
             which = near.column("query_index").to_pylist() if len(batch) > 1 else [0] * near.num_rows
             for i, keyword, distance in zip(which, keywords, distances):
