@@ -29,8 +29,8 @@ import polars as pl
 import pyarrow as pa
 
 from lexgraph.build import lexical, pipeline
-from lexgraph.build.corpus_index import CorpusFiles
-from lexgraph.build.knn import EDGE_SCHEMA, STATE_SCHEMA
+from lexgraph.build.corpus_index import KNN_STATE_SCHEMA, CorpusFiles
+from lexgraph.build.knn import EDGE_SCHEMA
 from lexgraph.build.resolution import MERGE_SCHEMA
 from lexgraph.extract.keywords import OCCURRENCE_SCHEMA, empty_keyword_index
 from lexgraph.extract.source_texts import SOURCE_TEXT_SCHEMA, SOURCE_TEXTS
@@ -166,7 +166,7 @@ TABLES: dict[str, list[Table]] = {
     "document_facts": [_extract(pipeline.FACTS, lexical.FACT_COLUMNS)],
     "document_entities": [_extract(pipeline.ENTITIES, lexical.ENTITY_COLUMNS),
                           _extract(pipeline.RELATIONS, lexical.RELATION_COLUMNS)],
-    "chunk_knn_graph": [_corpus("edges", EDGE_SCHEMA), _corpus("knn_state", STATE_SCHEMA)],
+    "chunk_knn_graph": [_corpus("edges", EDGE_SCHEMA), _corpus("knn_state", KNN_STATE_SCHEMA)],
     "chunk_pagerank": [_corpus("pagerank", PAGERANK_SCHEMA)],
     "skeleton_selection": [_corpus("skeleton", SKELETON_SCHEMA)],
     "keyword_index": [_corpus("keyword_index", empty_keyword_index(1).schema)],

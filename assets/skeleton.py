@@ -121,8 +121,7 @@ def chunk_knn_graph(context: dg.AssetExecutionContext, index: IndexResource, lan
                            k=settings.knn_k, mode=mode)
     with kuzu.writer() as graph:
         written = ci.write_similarity_edges(files, graph, result)
-    linked = set(result.edges["src"].to_list()) | set(result.edges["dst"].to_list())
-    isolated = chunks.height - len(linked & set(chunks["chunk_id"].to_list()))
+    isolated = result.isolated
     counts = result.edges.group_by("kind").len()
     files.record_built("chunk_knn_graph", digest, index.settings())
     return dg.MaterializeResult(
@@ -130,7 +129,8 @@ def chunk_knn_graph(context: dg.AssetExecutionContext, index: IndexResource, lan
             "catalog_documents": len(indexed), "catalog_digest": digest,
             "chunks": chunks.height, "edges": result.edges.height, "k": settings.knn_k, "mode": mode,
             "edges_by_kind": dg.MetadataValue.json(dict(zip(counts["kind"], counts["len"]))),
-            "rebuilt": result.rebuilt, "ann_index": result.ann_index, "words_read_chunks": result.words_read,
+            "rebuilt": result.rebuilt, "rebuild_reason": result.rebuild_reason, "ann_index": result.ann_index,
+            "words_read_chunks": result.words_read,
             **written,
             "semantic_update": dg.MetadataValue.json(result.semantic.to_dict() if result.semantic else None),
             "lexical_update": dg.MetadataValue.json(result.lexical.to_dict() if result.lexical else None),

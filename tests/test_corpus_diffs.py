@@ -144,4 +144,4 @@ def test_a_knn_state_of_the_older_format_or_with_its_edges_torn_off_is_not_trust
     update_knn(files, chunks.head(30), vectors[:30], words, k=3)
     files.edges.write_bytes(stale_edges)
     result = update_knn(files, chunks, vectors, words, k=3)
-    assert not result.rebuilt and result.previous_edges is None
+    assert not result.rebuilt and result.edge_changes is None

@@ -12,13 +12,16 @@ from typing import Callable
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
+import scipy.sparse as sp
 
 from lexgraph.extract import keywords as kw
 from lexgraph.faults import KEYWORD_INDEX, crash_point
 from lexgraph.ids import content_hash
 from lexgraph.storage.extract_store import ExtractStore
-from lexgraph.build.knn import DEFAULT_K, AnnIndex, KnnGraph, KnnUpdate, lexical_knn, semantic_knn
+from lexgraph.build.knn import (DEFAULT_K, LEXICAL, SEMANTIC, AnnIndex, KnnUpdate, SavedLists, WordMatrix,
+                                edge_changes, edges_of, lexical_knn, lists_from_frame, semantic_knn, word_matrix)
 from lexgraph.build.pagerank import pagerank
 from lexgraph.build.pipeline import ENTITIES, FACTS, KEYWORD_STATS, KEYWORDS, RELATIONS, STATEMENTS, TOPICS
 from lexgraph.build.skeleton import DEFAULT_BETA, SelectionDiff, select_skeleton, selection_diff, skeleton_size
@@ -79,8 +82,9 @@ class CorpusFiles:
 
     def __init__(self, index_dir: str | Path):
         self.root = Path(index_dir) / "corpus"
-        self.knn_corpus = self.root / "knn_corpus.parquet"  # chunk_id, doc_id, vector_digest, words, ann_id
-        self.knn_state = self.root / "knn_state.parquet"  # directed top-K lists, both kinds
+        self.knn_corpus = self.root / "knn_corpus.parquet"  # chunk_id, doc_id, vector_digest, word_ids, ann_id
+        self.knn_state = self.root / "knn_state.parquet"  # directed top-K lists, both kinds, as row positions
+        self.knn_vocabulary = self.root / "knn_vocabulary.parquet"  # the lexical lists' words
         self.edges = self.root / "knn_edges.parquet"
         self.similar_synced = self.root / "similar_synced.json"  # the edges generation the graph holds
         self.keywords_synced = self.root / "keywords_synced.json"  # the keyword index the stores hold
@@ -193,8 +197,12 @@ class KnnResult:
     ann_index: str = "exact"  # "exact" (no ANN index), "loaded" (the saved one) or "rebuilt: <why>"
     words_read: int = 0  # chunks whose words were read from the extract store (the others came from the state)
     generation: str = ""  # of the files just saved
-    previous_edges: pl.DataFrame | None = None  # the edges of the previous save, to write only the difference
+    # (removed, added, reweighted) edges since the previous save, to write only the difference; None when
+    # there is no previous save whose edges file is whole
+    edge_changes: tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame] | None = None
     previous_generation: str | None = None
+    rebuild_reason: str = ""  # why the saved state was not used ("" when it was)
+    isolated: int = 0  # chunks without an edge of either kind
 
 
 def chunk_words(store: ExtractStore, chunks: pl.DataFrame) -> pl.DataFrame:
@@ -212,8 +220,10 @@ def chunk_words(store: ExtractStore, chunks: pl.DataFrame) -> pl.DataFrame:
     return wanted.with_columns(pl.col("words").fill_null(pl.lit([], dtype=pl.List(pl.String))))
 
 
-# Saved with the KNN corpus; a save of another format (e.g. one that still held the vectors) is rebuilt.
-KNN_FORMAT = 2
+# Saved with the KNN corpus. Format 3 keeps the lists as positions and the lexical corpus as word ids;
+# a format-2 save (lists by chunk id, words as strings) is read the slow way once and saved as format 3.
+KNN_FORMAT = 3
+_MIGRATED_FORMATS = (2,)
 
 
 def update_knn(files: CorpusFiles, chunks: pl.DataFrame, vectors: np.ndarray,
@@ -224,46 +234,78 @@ def update_knn(files: CorpusFiles, chunks: pl.DataFrame, vectors: np.ndarray,
     chunks: chunk_id, doc_id aligned with `vectors` rows (the vectors of kept chunks come from here, not
     from a copy). words: chunk_id, words; or a function giving them for a frame of chunks, asked only
     for chunks the saved state does not hold. A chunk whose vector changed is removed and added again.
-    A change of k, mode or format, or missing or torn state, rebuilds from scratch.
+    A change of k or mode, or missing, torn or inconsistent state, rebuilds from scratch, and
+    `rebuild_reason` says why.
     """
     words_of = words if callable(words) else (lambda wanted: wanted.select("chunk_id").join(words, on="chunk_id", how="left"))
     current = (chunks.select("chunk_id", "doc_id").with_columns(pl.Series("vector_digest", vector_digests(vectors)))
                .with_row_index("row"))
-    saved = _load_knn(files)
     settings = {"k": k, "mode": mode, "format": KNN_FORMAT}
-    if saved is None or saved.settings != settings:
+    saved, reason = _load_knn(files)
+    if saved is not None and (saved.settings.get("k"), saved.settings.get("mode")) != (k, mode):
+        saved, reason = None, (f"saved with k={saved.settings.get('k')} mode={saved.settings.get('mode')}, "
+                               f"now k={k} mode={mode}")
+    updated = None
+    if saved is not None:
+        try:
+            updated = _update_saved(files, saved, current, vectors, words_of, k, mode)
+        except ValueError as error:  # lists or words that do not fit the corpus: not trusted
+            reason = f"saved state refused: {error}"
+    if updated is None:
         current = current.join(_read_words(words_of, current), on="chunk_id", how="left")
         ids = current["chunk_id"].to_list()
         semantic = semantic_knn(ids, vectors, k, mode=mode)
         lexical = lexical_knn(ids, current["words"].to_list(), k)
-        result = KnnResult(pl.DataFrame(), chunks, None, None, rebuilt=True, words_read=current.height)
+        result = KnnResult(pl.DataFrame(), chunks, None, None, rebuilt=True, words_read=current.height,
+                           rebuild_reason=reason)
     else:
-        previous = saved.corpus
-        kept = previous.join(current, on=["chunk_id", "vector_digest"], how="semi")
-        gone = previous.join(kept, on="chunk_id", how="anti")["chunk_id"].to_list()
-        new = current.join(kept, on="chunk_id", how="anti")
-        kept = kept.select("chunk_id", "words").join(current, on="chunk_id")
-        ann, problem = _load_ann(files, saved, kept) if mode == "approx" else (None, None)
-        semantic = semantic_knn(kept["chunk_id"].to_list(), vectors[kept["row"].to_numpy()], k, mode=mode,
-                                state=saved.state, removed=gone, ann_index=ann)
-        lexical = lexical_knn(previous["chunk_id"].to_list(), previous["words"].to_list(), k, state=saved.state)
-        sem_updates = [semantic.last_update] if gone else []
-        lex_updates = [lexical.remove(gone)] if gone else []
-        new = new.join(_read_words(words_of, new), on="chunk_id", how="left")
-        if new.height:
-            sem_updates.append(semantic.add(new["chunk_id"].to_list(), vectors[new["row"].to_numpy()]))
-            lex_updates.append(lexical.add(new["chunk_id"].to_list(), new["words"].to_list()))
-        current = pl.concat([kept, new], how="diagonal_relaxed")
-        result = KnnResult(pl.DataFrame(), chunks, _merge(sem_updates), _merge(lex_updates), rebuilt=False,
-                           words_read=new.height, previous_edges=saved.edges, previous_generation=saved.generation)
-        if problem and semantic.ann_status.startswith("rebuilt"):
-            result.ann_index = f"rebuilt: {problem}"
+        result, semantic, lexical = updated
+        result.chunks = chunks
     if result.ann_index == "exact" or semantic.ann_status == "loaded":
         result.ann_index = semantic.ann_status
+    if saved is not None and saved.edges_current and not result.rebuilt:
+        changes = [edge_changes(saved.lists[g.kind], g) for g in (semantic, lexical)]
+        result.edge_changes = tuple(pl.concat(part) for part in zip(*changes))  # type: ignore[assignment]
     result.edges = pl.concat([semantic.edges(), lexical.edges()])
-    result.generation = _save_knn(files, current.drop("row").sort("chunk_id"), semantic, lexical, settings,
-                                  result.edges)
+    result.isolated = int(np.count_nonzero(~(semantic.linked() | lexical.linked())))
+    frame = current.select("chunk_id", "doc_id", "vector_digest").sort("chunk_id")
+    for graph in (semantic, lexical):
+        if not frame["chunk_id"].equals(pl.Series(graph.chunk_ids, dtype=pl.String)):
+            raise RuntimeError("the KNN graphs do not hold the current chunks")  # never saved: it would not load
+    result.generation = _write_knn(files, frame, {SEMANTIC: semantic.lists(), LEXICAL: lexical.lists()},
+                                   lexical.word_matrix(), semantic.ann_index(), settings, result.edges)
     return result
+
+
+def _update_saved(files: CorpusFiles, saved: "SavedKnn", current: pl.DataFrame, vectors: np.ndarray,
+                  words_of: Callable[[pl.DataFrame], pl.DataFrame], k: int, mode: str):
+    """The saved graphs brought to `current`: chunks gone (or whose vector changed) removed, new ones added."""
+    previous = saved.corpus  # sorted by chunk_id, the order of the saved lists
+    matched = previous.select("chunk_id", "vector_digest").join(
+        current.select("chunk_id", "vector_digest", "row"), on=["chunk_id", "vector_digest"], how="left",
+        maintain_order="left")["row"]
+    keep = matched.is_not_null().to_numpy()
+    kept_rows = matched.drop_nulls().to_numpy()
+    ids = saved.lists[SEMANTIC].chunk_ids
+    gone = ids[~keep]
+    is_new = np.ones(current.height, dtype=bool)
+    is_new[kept_rows] = False
+    new = current.filter(pl.Series(is_new))
+    ann, problem = _load_ann(files, saved, keep) if mode == "approx" else (None, None)
+    semantic = semantic_knn(ids[keep], vectors[kept_rows], k, mode=mode, state=saved.lists[SEMANTIC], removed=gone,
+                            ann_index=ann)
+    lexical = lexical_knn(ids, saved.words, k, state=saved.lists[LEXICAL])
+    sem_updates = [semantic.last_update] if len(gone) else []
+    lex_updates = [lexical.remove(gone)] if len(gone) else []
+    new = new.join(_read_words(words_of, new), on="chunk_id", how="left")
+    if new.height:
+        sem_updates.append(semantic.add(new["chunk_id"].to_list(), vectors[new["row"].to_numpy()]))
+        lex_updates.append(lexical.add(new["chunk_id"].to_list(), new["words"].to_list()))
+    result = KnnResult(pl.DataFrame(), pl.DataFrame(), _merge(sem_updates), _merge(lex_updates),
+                       rebuilt=False, words_read=new.height, previous_generation=saved.generation)
+    if problem and semantic.ann_status.startswith("rebuilt"):
+        result.ann_index = f"rebuilt: {problem}"
+    return result, semantic, lexical
 
 
 def _read_words(words_of: Callable[[pl.DataFrame], pl.DataFrame], chunks: pl.DataFrame) -> pl.DataFrame:
@@ -280,7 +322,7 @@ def vector_digests(vectors: np.ndarray) -> np.ndarray:
     weights = np.random.default_rng(0x4C58).integers(1, 2**63, size=bits.shape[1], dtype=np.uint64) | np.uint64(1)
     digests = np.zeros(len(bits), dtype=np.uint64)
     for start in range(0, len(bits), 8192):
-        digests[start:start + 8192] = (bits[start:start + 8192].astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
+        digests[start:start + 8192] = bits[start:start + 8192].astype(np.uint64) @ weights  # wraps mod 2^64 like the sum
     return digests.view(np.int64)
 
 
@@ -290,46 +332,127 @@ def _merge(updates: list[KnnUpdate]) -> KnnUpdate:
 
 @dataclass
 class SavedKnn:
-    corpus: pl.DataFrame  # chunk_id, doc_id, vector_digest, words, ann_id
-    state: pl.DataFrame
+    corpus: pl.DataFrame  # chunk_id (sorted: the lists' positions), doc_id, vector_digest, ann_id
+    lists: dict[str, SavedLists]  # kind -> directed lists
+    words: WordMatrix  # the lexical corpus, rows in chunk_id order
     settings: dict
     generation: str
-    edges: pl.DataFrame | None  # None unless the edges file is of the same save
+    edges_current: bool  # the edges file is of the same save (else no diff is offered against the graph)
 
 
-def _load_knn(files: CorpusFiles) -> SavedKnn | None:
-    """The saved corpus and lists; nothing (so a rebuild) unless both files are whole and of one save."""
+# Parquet metadata key shared by the KNN files (and the edges) of one save.
+KNN_GENERATION = b"lexgraph.knn_generation"
+# knn_state.parquet: one row per chunk, in chunk_id order; neighbours are row numbers of this file (-1: none).
+KNN_STATE_SCHEMA: dict[str, pl.DataType] = {
+    "chunk_id": pl.String(),
+    **{f"{kind}_{column}": pl.List(dtype) for kind in (SEMANTIC, LEXICAL)
+       for column, dtype in (("neighbors", pl.Int32()), ("sims", pl.Float64()))},
+}
+
+
+def _generation(path: Path) -> str | None:
+    # the file's key-value metadata: where both pyarrow and polars (which keeps no Arrow schema metadata) put it
+    value = (pq.read_metadata(path).metadata or {}).get(KNN_GENERATION)
+    return value.decode() if value else None
+
+
+def _problem(path: Path, error: BaseException) -> str:
+    return f"{path.name} unreadable ({(str(error).splitlines() or [type(error).__name__])[0][:120]})"
+
+
+def _load_knn(files: CorpusFiles) -> tuple[SavedKnn | None, str]:
+    """The saved corpus, lists and words; None and why unless the files are whole, of one save, and of a
+    format this version reads."""
+    if not files.knn_corpus.exists() and not files.knn_state.exists():
+        return None, "no saved state"
+    generations = {}
+    for path in (files.knn_corpus, files.knn_state):
+        try:
+            generations[path] = _generation(path)
+        except FileNotFoundError:
+            return None, f"{path.name} missing"
+        except (Exception, pl.exceptions.PanicException) as error:  # a damaged file: rebuild rather than trust it
+            return None, _problem(path, error)
+    if len(set(generations.values())) != 1 or None in generations.values():
+        return None, "knn_corpus.parquet and knn_state.parquet are of different saves (torn by a crash)"
+    [generation] = set(generations.values())
     try:
-        generations = {_generation(files.knn_state), _generation(files.knn_corpus)}
-        state = pl.read_parquet(files.knn_state)
-        corpus = pl.read_parquet(files.knn_corpus)
-    except FileNotFoundError:
-        return None
-    except (Exception, pl.exceptions.PanicException):  # a damaged file: rebuild rather than trust it
-        return None
-    if len(generations) != 1 or None in generations:
-        return None  # killed between writing the two files: they do not belong together
+        corpus = pq.read_table(files.knn_corpus)
+        settings = json.loads(corpus.column("settings")[0].as_py()) if corpus.num_rows else {}
+    except (Exception, pl.exceptions.PanicException) as error:
+        return None, _problem(files.knn_corpus, error)
+    if not settings:
+        return None, "the saved state holds no chunks"
+    if settings.get("format") == KNN_FORMAT and not files.knn_vocabulary.exists():
+        return None, f"{files.knn_vocabulary.name} missing"
     try:
-        settings = json.loads(corpus.select(pl.col("settings").first()).item()) if corpus.height else {}
+        if settings.get("format") == KNN_FORMAT:
+            saved = _read_saved(files, corpus, settings, generation)
+        elif settings.get("format") in _MIGRATED_FORMATS:
+            saved = _read_format_2(files, corpus, settings, generation)
+        else:
+            return None, f"saved in format {settings.get('format')}, this version reads {KNN_FORMAT} and {_MIGRATED_FORMATS}"
+    except ValueError as error:
+        return None, f"saved state refused: {error}"
+    except (Exception, pl.exceptions.PanicException) as error:
+        return None, f"saved state unreadable ({(str(error).splitlines() or [type(error).__name__])[0][:120]})"
+    if saved is None:
+        return None, "knn_vocabulary.parquet is of another save (a crash between the writes)"
+    try:
+        saved.edges_current = _generation(files.edges) == generation
     except (Exception, pl.exceptions.PanicException):
+        saved.edges_current = False
+    return saved, ""
+
+
+def _read_saved(files: CorpusFiles, corpus, settings: dict, generation: str) -> SavedKnn | None:
+    """Format 3: arrays only, no per-string work beyond the chunk ids."""
+    if _generation(files.knn_vocabulary) != generation:
         return None
-    if not {"chunk_id", "doc_id", "vector_digest", "words", "ann_id"} <= set(corpus.columns):
-        return None  # an older format
-    [generation] = generations
-    try:
-        edges = pl.read_parquet(files.edges) if _generation(files.edges) == generation else None
-    except (Exception, pl.exceptions.PanicException):
-        edges = None
-    return SavedKnn(corpus.drop("settings"), state, settings, generation, edges)
+    k = int(settings["k"])
+    state = pq.read_table(files.knn_state)
+    if not state.column("chunk_id").equals(corpus.column("chunk_id")):
+        raise ValueError("knn_state.parquet and knn_corpus.parquet list different chunks")
+    ids = corpus.column("chunk_id").to_numpy().astype(str)
+    lists = {kind: SavedLists(ids, _list_column(state, f"{kind}_neighbors", k), _list_column(state, f"{kind}_sims", k))
+             for kind in (SEMANTIC, LEXICAL)}
+    word_ids = corpus.column("word_ids").combine_chunks()
+    offsets = word_ids.offsets.to_numpy()
+    vocabulary = pq.read_table(files.knn_vocabulary).column("word").to_pylist()
+    incidence = sp.csr_matrix((np.ones(len(word_ids.flatten()), np.int32), word_ids.flatten().to_numpy(),
+                               offsets - offsets[0]), shape=(len(ids), len(vocabulary)))
+    frame = pl.from_arrow(corpus.select(["chunk_id", "doc_id", "vector_digest", "ann_id"]))
+    return SavedKnn(frame, lists, WordMatrix(vocabulary, incidence), settings, generation, False)
 
 
-def _load_ann(files: CorpusFiles, saved: SavedKnn, kept: pl.DataFrame) -> tuple[AnnIndex | None, str | None]:
+def _list_column(table, name: str, k: int) -> np.ndarray:
+    """A column of k-long lists as an [n, k] array."""
+    column = table.column(name).combine_chunks()
+    if column.null_count or not bool(np.all(np.diff(column.offsets.to_numpy()) == k)):
+        raise ValueError(f"{name} does not hold {k} entries per chunk: saved with another k?")
+    return column.flatten().to_numpy().reshape(len(column), k)
+
+
+def _read_format_2(files: CorpusFiles, corpus, settings: dict, generation: str) -> SavedKnn:
+    """Format 2 (lists by chunk id, words as strings): slow to read, so read once and saved as format 3."""
+    frame = pl.from_arrow(corpus).sort("chunk_id")
+    if not {"chunk_id", "doc_id", "vector_digest", "words", "ann_id"} <= set(frame.columns):
+        raise ValueError("an older layout")
+    state = pl.read_parquet(files.knn_state)
+    ids = frame["chunk_id"].to_numpy().astype(str)
+    lists = {kind: lists_from_frame(state.filter(pl.col("kind") == kind), ids, int(settings["k"]))
+             for kind in (SEMANTIC, LEXICAL)}
+    return SavedKnn(frame.select("chunk_id", "doc_id", "vector_digest", "ann_id"), lists,
+                    word_matrix(frame["words"].to_list()), settings, generation, False)
+
+
+def _load_ann(files: CorpusFiles, saved: SavedKnn, keep: np.ndarray) -> tuple[AnnIndex | None, str | None]:
     """The saved HNSW index of this generation and the faiss id of each kept chunk; None and why not
     when it is missing or unreadable (semantic_knn then checks its vectors against the corpus)."""
     path = files.ann_index(saved.generation)
     if not path.exists():
         return None, f"no saved index {path.name}"
-    ids = kept.select("chunk_id").join(saved.corpus.select("chunk_id", "ann_id"), on="chunk_id", how="left")["ann_id"]
+    ids = saved.corpus["ann_id"].filter(pl.Series(keep))
     if ids.null_count():
         return None, "the saved state has no faiss ids"
     try:
@@ -341,23 +464,15 @@ def _load_ann(files: CorpusFiles, saved: SavedKnn, kept: pl.DataFrame) -> tuple[
     return (index, ids.to_numpy()), None
 
 
-# Parquet metadata key shared by the KNN files (and the edges) of one save.
-KNN_GENERATION = b"lexgraph.knn_generation"
+def _write_knn(files: CorpusFiles, frame: pl.DataFrame, lists: dict[str, SavedLists], words: WordMatrix,
+               ann: AnnIndex | None, settings: dict, edges: pl.DataFrame) -> str:
+    """One save, several files: the HNSW index (approximate mode), the lists, the vocabulary, the corpus and
+    the edges all carry the same generation, so a set torn by a crash is recognised. The index is written
+    first under a name of its own and the older ones deleted last, so a crash leaves the previous save whole.
 
-
-def _generation(path: Path) -> str | None:
-    value = (pq.read_schema(path).metadata or {}).get(KNN_GENERATION)
-    return value.decode() if value else None
-
-
-def _save_knn(files: CorpusFiles, current: pl.DataFrame, semantic: KnnGraph, lexical: KnnGraph, settings: dict,
-              edges: pl.DataFrame) -> str:
-    """One save, several files: the HNSW index (approximate mode), the lists, the corpus and the edges all
-    carry the same generation, so a set torn by a crash is recognised. The index is written first under a
-    name of its own and the older ones deleted last, so a crash leaves the previous save whole."""
+    frame: chunk_id (sorted), doc_id, vector_digest; the rows of `lists`, `words` and ann's faiss ids."""
     generation = uuid.uuid4().hex
-    ann = semantic.ann_index()
-    ann_ids = pl.Series("ann_id", [None] * current.height, dtype=pl.Int64)
+    ann_ids = pl.Series("ann_id", [None] * frame.height, dtype=pl.Int64)
     if ann is not None:
         import faiss
 
@@ -366,19 +481,66 @@ def _save_knn(files: CorpusFiles, current: pl.DataFrame, semantic: KnnGraph, lex
         path.parent.mkdir(parents=True, exist_ok=True)
         faiss.write_index(ann[0], str(partial))
         partial.replace(path)
-        by_chunk = pl.DataFrame({"chunk_id": semantic.chunk_ids.tolist(), "ann_id": ann[1]})
-        ann_ids = current.select("chunk_id").join(by_chunk, on="chunk_id", how="left")["ann_id"]
-    corpus = current.select("chunk_id", "doc_id", "vector_digest", "words").with_columns(
-        ann_ids, pl.lit(json.dumps(settings)).alias("settings"))
-    for path, frame in ((files.knn_state, pl.concat([semantic.state_frame(), lexical.state_frame()])),
-                        (files.knn_corpus, corpus), (files.edges, edges)):
-        table = frame.to_arrow()
-        files.write_arrow(path, table.replace_schema_metadata({**(table.schema.metadata or {}),
-                                                              KNN_GENERATION: generation.encode()}))
+        ann_ids = pl.Series("ann_id", np.asarray(ann[1], dtype=np.int64))
+    chunk_ids = frame["chunk_id"].to_arrow()
+    state = pa.table({"chunk_id": chunk_ids, **{
+        f"{kind}_{column}": _list_array(getattr(lists[kind], column).astype(dtype))
+        for kind in (SEMANTIC, LEXICAL) for column, dtype in (("neighbors", np.int32), ("sims", np.float64))}})
+    incidence = words.incidence
+    word_ids = pa.ListArray.from_arrays(pa.array(incidence.indptr.astype(np.int32)),
+                                        pa.array(incidence.indices.astype(np.int32)))
+    corpus = frame.with_columns(ann_ids, pl.lit(json.dumps(settings)).alias("settings")).to_arrow()
+    corpus = corpus.add_column(3, "word_ids", word_ids)
+    vocabulary = pa.table({"word": pa.array(words.vocabulary, type=pa.string())})
+    for path, table in ((files.knn_state, state), (files.knn_vocabulary, vocabulary), (files.knn_corpus, corpus)):
+        _write_table(path, table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                                          KNN_GENERATION: generation.encode()}))
+    partial = files.edges.with_suffix(".tmp")  # polars: millions of string rows, no conversion to Arrow first
+    edges.write_parquet(partial, compression="lz4", statistics=False,
+                        metadata={KNN_GENERATION.decode(): generation})
+    partial.replace(files.edges)
     for old in [*files.root.glob("knn_hnsw.*.faiss"), *files.root.glob("knn_hnsw.*.tmp")]:
         if old.name != files.ann_index(generation).name:  # older saves, and halves of writes killed midway
             old.unlink(missing_ok=True)
     return generation
+
+
+def _list_array(matrix: np.ndarray) -> pa.ListArray:
+    n, k = matrix.shape
+    return pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * k), pa.array(matrix.ravel()))
+
+
+def _write_table(path: Path, table) -> None:
+    """Atomic Parquet write; lz4 without statistics: several times faster to write than the defaults for
+    these files, which are always read whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".tmp")
+    pq.write_table(table, partial, compression="lz4", write_statistics=False)
+    partial.replace(path)
+
+
+def resave_knn(files: CorpusFiles) -> str:
+    """Rewrite a saved KNN state in the current format, unchanged: what the next update does by itself,
+    for an index whose first update should not pay for reading an older format. The graph's SIMILAR
+    edges stay those of the save (same lists), so its sync record follows the new generation."""
+    saved, reason = _load_knn(files)
+    if saved is None:
+        return f"nothing rewritten: {reason}"
+    if saved.settings.get("format") == KNN_FORMAT:
+        return "nothing rewritten: already in the current format"
+    ann = None
+    path = files.ann_index(saved.generation)
+    if path.exists():
+        import faiss
+
+        ann = (faiss.read_index(str(path)), saved.corpus["ann_id"].to_numpy())
+    edges = pl.concat([edges_of(saved.lists[kind], kind) for kind in (SEMANTIC, LEXICAL)])
+    synced = _read_json(files.similar_synced).get("generation") == saved.generation
+    generation = _write_knn(files, saved.corpus.select("chunk_id", "doc_id", "vector_digest"), saved.lists,
+                            saved.words, ann, {**saved.settings, "format": KNN_FORMAT}, edges)
+    if synced:
+        _write_json(files.similar_synced, {"generation": generation})
+    return f"rewritten in format {KNN_FORMAT}: {saved.corpus.height} chunks, {edges.height} edges, generation {generation}"
 
 
 EDGE_KEY = ["src", "dst", "kind"]
@@ -427,16 +589,19 @@ def write_similarity_edges(files: CorpusFiles, graph, result: KnnResult) -> dict
     target = result.edges
     figures = {"similar_edges_added": 0, "similar_edges_removed": 0, "similar_edges_updated": 0,
                "similar_edges_restored": 0, "similar_edges_rewritten": False}
-    if result.previous_edges is not None and synced is not None and synced == result.previous_generation:
-        removed, added, reweighted = edge_diff(result.previous_edges, target)
+    if result.edge_changes is not None and synced is not None and synced == result.previous_generation:
+        removed, added, reweighted = result.edge_changes
         lost = graph.chunks_without_similar_edges()
-        touches_lost = pl.col("src").is_in(lost) | pl.col("dst").is_in(lost)
-        reweighted = reweighted.filter(~touches_lost)  # a lost chunk's edges are not there to update
-        restored = target.filter(touches_lost).join(added, on=EDGE_KEY, how="anti").join(reweighted, on=EDGE_KEY,
-                                                                                         how="anti")
+        restored = target.clear()
+        if lost:
+            touches_lost = pl.col("src").is_in(lost) | pl.col("dst").is_in(lost)
+            removed = removed.filter(~touches_lost)  # a lost chunk's edges are not there to delete or update
+            reweighted = reweighted.filter(~touches_lost)
+            restored = target.filter(touches_lost).join(added, on=EDGE_KEY, how="anti").join(reweighted, on=EDGE_KEY,
+                                                                                             how="anti")
         before = _similar_count(graph)
-        graph.delete_similarity_edges(pl.concat([removed.filter(~touches_lost), reweighted]).select(EDGE_KEY))
-        deleted = before - _similar_count(graph)
+        graph.delete_similarity_edges(pl.concat([removed, reweighted]).select(EDGE_KEY))
+        deleted = before - _similar_count(graph)  # edges of chunks deleted with their document are gone already
         graph.add_similarity_edges(pl.concat([added, reweighted, restored]))
         figures.update(similar_edges_added=added.height + restored.height, similar_edges_removed=deleted - reweighted.height,
                        similar_edges_updated=reweighted.height, similar_edges_restored=restored.height)

@@ -59,6 +59,9 @@ _NORM_TOLERANCE = 1e-3
 _ROW_BLOCK = 1024  # query rows per dense tile
 _COL_BLOCK = 8192  # corpus rows per dense tile: a tile is 64 MiB of float64
 _WORD_ROW_BLOCK = 128  # query rows per sparse lexical product: up to ~rows x words x max_df pairs
+# Against few targets (offering new chunks to all others) a block may hold more rows: rows x targets
+# bounds its pairs. One product instead of n/128 small ones, each with a fixed cost.
+_WORD_PAIRS = 1 << 21
 _PAIR_BLOCK = 4096  # pairs rescored at once (and HNSW queries per call)
 _EMPTY = -1  # unused neighbour slot
 _GONE = -2  # slot whose neighbour was removed: that list must be searched again
@@ -70,6 +73,30 @@ class AnnIndexError(ValueError):
 
 # A saved HNSW index and the faiss id of each of its chunks (same order as the chunk ids given with it).
 AnnIndex = tuple[object, np.ndarray]
+
+
+@dataclass(frozen=True)
+class SavedLists:
+    """One kind's neighbour lists in the form they are saved in: row i is the list of ``chunk_ids[i]``,
+    its entries positions into ``chunk_ids`` (-1: an empty slot), best first.
+
+    Why positions: a new process loads them as two arrays, with no string to look up per entry.
+    """
+
+    chunk_ids: np.ndarray  # sorted, unique
+    neighbors: np.ndarray  # [n, k] integers
+    sims: np.ndarray  # [n, k] float64
+
+
+@dataclass(frozen=True)
+class WordMatrix:
+    """A lexical corpus as saved: row i of ``incidence`` holds the vocabulary ids of chunk i's distinct words.
+
+    Why: rebuilding it means a dictionary look-up per word of every chunk; loaded, it is two arrays.
+    """
+
+    vocabulary: list[str]  # word of each column
+    incidence: sp.csr_matrix  # [chunks, words], ones; each row's ids ascending
 
 
 def _top_k(rows: np.ndarray, cols: np.ndarray, sims: np.ndarray, k: int) -> tuple[np.ndarray, ...]:
@@ -198,13 +225,17 @@ class _VectorCorpus:
         array = np.asarray(vectors)
         if array.ndim != 2 or array.shape != (count, self.grid.shape[1]):
             raise ValueError(f"expected vectors of shape ({count}, {self.grid.shape[1]}), got {array.shape}")
+        if array.dtype != np.float32:
+            array = array.astype(np.float64, copy=False)
+        # Scaling by a power of two is exact in float32 too, so rounding there gives the float64 grid.
+        scale = array.dtype.type(_GRID)
         grid = np.empty(array.shape, dtype=np.int32)
-        for rows in _blocks(np.arange(count), _COL_BLOCK):
-            block = array[rows].astype(np.float64)
-            norms = np.linalg.norm(block, axis=1)
+        for start in range(0, count, _COL_BLOCK):
+            block = array[start : start + _COL_BLOCK]
+            norms = np.sqrt(np.einsum("ij,ij->i", block, block))
             if not bool(np.all(np.abs(norms - 1.0) <= _NORM_TOLERANCE)):
                 raise ValueError("vectors must be finite and L2-normalised")
-            grid[rows] = np.rint(block * _GRID)
+            grid[start : start + _COL_BLOCK] = np.rint(block * scale)
         return grid
 
     def _unit(self, rows: np.ndarray) -> np.ndarray:
@@ -212,6 +243,9 @@ class _VectorCorpus:
 
     def _place(self, old_to_new: np.ndarray, new_positions: np.ndarray, vectors: npt.ArrayLike) -> None:
         added = self._quantise(vectors, len(new_positions))
+        if not len(old_to_new) and bool(np.array_equal(new_positions, np.arange(len(new_positions)))):
+            self.grid = added  # loaded in order: no copy
+            return
         grid = np.empty((len(old_to_new) + len(new_positions), self.grid.shape[1]), dtype=np.int32)
         grid[old_to_new] = self.grid
         grid[new_positions] = added
@@ -317,6 +351,21 @@ class _VectorCorpus:
         return _concat(found)
 
 
+def _check_rows(indptr: np.ndarray, indices: np.ndarray, width: int) -> None:
+    """A saved sparse matrix: offsets that add up, column ids in range and ascending within each row (a
+    repeated id would count a shared word twice)."""
+    if len(indptr) == 0 or indptr[0] != 0 or indptr[-1] != len(indices) or bool(np.any(np.diff(indptr) < 0)):
+        raise ValueError("the saved word matrix has inconsistent row offsets")
+    if len(indices) and (int(indices.min()) < 0 or int(indices.max()) >= width):
+        raise ValueError("the saved word matrix names words outside its vocabulary")
+    step = np.diff(indices.astype(np.int64))
+    row_start = np.zeros(len(step), dtype=bool)
+    starts = indptr[1:-1].astype(np.int64) - 1  # a step into the first id of a row may go down
+    row_start[starts[(starts >= 0) & (starts < len(step))]] = True
+    if bool(np.any((step <= 0) & ~row_start)):
+        raise ValueError("the saved word matrix repeats or disorders a row's words")
+
+
 class _WordCorpus:
     """Distinct content words per chunk as a sparse 0/1 matrix; words in over ``max_df`` chunks are ignored.
 
@@ -380,8 +429,33 @@ class _WordCorpus:
 
     ann_status = "exact"
 
-    def load(self, positions: np.ndarray, words: Sequence[Iterable[str]], ann: AnnIndex | None) -> None:
-        self.insert(np.zeros(0, dtype=np.int64), positions, words)
+    def load(self, positions: np.ndarray, words: Sequence[Iterable[str]] | WordMatrix, ann: AnnIndex | None) -> None:
+        if isinstance(words, WordMatrix):
+            self._adopt(positions, words)
+        else:
+            self.insert(np.zeros(0, dtype=np.int64), positions, words)
+
+    def _adopt(self, positions: np.ndarray, saved: WordMatrix) -> None:
+        """Take a saved matrix whose row i belongs at ``positions[i]``, after checking it is well formed."""
+        matrix, width = saved.incidence, len(saved.vocabulary)
+        vocabulary = dict(zip(saved.vocabulary, range(width)))
+        if len(vocabulary) != width:
+            raise ValueError("the saved vocabulary repeats a word")
+        if matrix.shape != (len(positions), width):
+            raise ValueError(f"the saved word matrix is {matrix.shape}, not {len(positions)} chunks x {width} words")
+        _check_rows(matrix.indptr, matrix.indices, width)
+        incidence = sp.csr_matrix((np.ones(len(matrix.indices), np.int32), matrix.indices, matrix.indptr),
+                                  shape=matrix.shape)
+        if not bool(np.array_equal(positions, np.arange(len(positions)))):
+            source = np.empty(len(positions), dtype=np.int64)
+            source[positions] = np.arange(len(positions))
+            incidence = incidence[source]
+        self.vocabulary, self.incidence = vocabulary, incidence
+        self.df = np.bincount(incidence.indices, minlength=width).astype(np.int64)
+        self._cache = None
+
+    def matrix(self) -> WordMatrix:
+        return WordMatrix(list(self.vocabulary), self.incidence)
 
     def ann_index(self) -> None:
         return None
@@ -415,7 +489,7 @@ class _WordCorpus:
         """Exact top-k by normalised shared-word count; each block costs its rows' posting lists."""
         matrix, _, sizes = self._kept()
         found = []
-        for block in _blocks(rows, _WORD_ROW_BLOCK):
+        for block in _blocks(rows, max(_WORD_ROW_BLOCK, _WORD_PAIRS // max(len(target_positions), 1))):
             shared = (matrix[block] @ targets).tocoo()
             r, c = block[shared.row], target_positions[shared.col]
             keep = r != c
@@ -463,6 +537,7 @@ class KnnGraph:
         self.chunk_ids = np.zeros(0, dtype=str)
         self._neighbors = np.full((0, k), _EMPTY, dtype=np.int64)
         self._sims = np.zeros((0, k))
+        self._edge_keys: tuple[np.ndarray, np.ndarray] | None = None  # undirected(), until the lists change
         self.last_update = KnnUpdate(0, 0, 0, 0)
 
     def __len__(self) -> int:
@@ -505,6 +580,7 @@ class KnnGraph:
         neighbors[old_to_new[live]] = np.where(moved < 0, _EMPTY, np.where(target < 0, _GONE, target))
         sims[old_to_new[live]] = self._sims[live]
         self.chunk_ids, self._neighbors, self._sims = chunk_ids, neighbors, sims
+        self._edge_keys = None
 
     def _refresh(self, changed: np.ndarray, added: int, removed: int) -> KnnUpdate:
         """Search afresh every list that may hold stale entries; offer the changed chunks to all others.
@@ -529,56 +605,56 @@ class KnnGraph:
         return rows[r], self._neighbors[rows[r], slot], self._sims[rows[r], slot]
 
     def _set_rows(self, rows: np.ndarray, candidates: Triples) -> None:
+        self._edge_keys = None
         self._neighbors[rows] = _EMPTY
         self._sims[rows] = 0.0
         r, c, s, rank = _top_k(*candidates, self.k)
         self._neighbors[r, rank] = c
         self._sims[r, rank] = s
 
-    def _positions(self, ids: np.ndarray) -> np.ndarray:
-        slot = np.minimum(np.searchsorted(self.chunk_ids, ids), max(len(self) - 1, 0))
-        if len(ids) and (len(self) == 0 or bool(np.any(self.chunk_ids[slot] != ids))):
-            raise ValueError("state names chunk ids that are not in the corpus")
-        return slot.astype(np.int64)
-
     def _restore(
         self,
         chunk_ids: Sequence[str],
-        data: npt.ArrayLike | Sequence[Iterable[str]],
-        state: pl.DataFrame,
+        data: npt.ArrayLike | Sequence[Iterable[str]] | WordMatrix,
+        state: pl.DataFrame | SavedLists,
         removed: Sequence[str] = (),
         ann: AnnIndex | None = None,
     ) -> None:
         """Load saved lists instead of searching; the corpus must be the one the state was saved with,
         less ``removed`` (chunks the state names whose data is gone): the lists that held those are
-        searched again, and ``last_update`` says what that did."""
-        ids = _as_ids(chunk_ids)
-        order = np.argsort(ids, kind="stable")
-        target = np.empty(len(ids), dtype=np.int64)
-        target[order] = np.arange(len(ids))
-        self._corpus.load(target, data, ann)  # type: ignore[arg-type]
-        self._move(np.zeros(0, dtype=np.int64), ids[order])
-        missing = set(STATE_SCHEMA) - set(state.columns)
-        if missing:
-            raise ValueError(f"state frame lacks columns {sorted(missing)}")
-        gone = _as_ids(removed).tolist()  # polars membership below: hashing millions of ids in numpy is slow
-        if gone and bool(pl.Series(gone, dtype=pl.String).is_in(pl.Series(ids, dtype=pl.String)).any()):
-            raise ValueError("a removed chunk id is also among the chunks to restore")
-        rows = state.filter((pl.col("kind") == self.kind) & ~pl.col("chunk_id").is_in(gone))
-        rank = rows["rank"].to_numpy().astype(np.int64)
-        if len(rank) and (rank.min() < 0 or rank.max() >= self.k):
-            raise ValueError(f"state ranks must lie in [0, {self.k}): was it saved with another k?")
-        owner = self._positions(rows["chunk_id"].to_numpy().astype(str))
-        if len(rank) and int(np.bincount(owner * self.k + rank).max()) > 1:  # bincount: unique() is slow at millions
-            raise ValueError("state frame repeats a (chunk_id, rank) pair")
-        neighbor_ids = rows["neighbor_id"].to_numpy().astype(str)
-        was_removed = rows["neighbor_id"].is_in(gone).to_numpy() if gone else np.zeros(len(neighbor_ids), dtype=bool)
-        neighbors = np.full(len(neighbor_ids), _GONE, dtype=np.int64)
-        neighbors[~was_removed] = self._positions(neighbor_ids[~was_removed])
-        self._neighbors[owner, rank] = neighbors
-        self._sims[owner, rank] = rows["sim"].to_numpy()
-        self.last_update = self._refresh(np.zeros(0, dtype=np.int64), added=0, removed=len(gone)) if len(gone) \
-            else KnnUpdate(0, 0, 0, 0)
+        searched again, and ``last_update`` says what that did. ``data`` is that of ``chunk_ids``."""
+        ids, gone = _as_ids(chunk_ids), _as_ids(removed)
+        if isinstance(state, SavedLists):
+            saved_ids = state.chunk_ids
+            keep = ~pl.Series(saved_ids, dtype=pl.String).is_in(gone.tolist()).to_numpy()
+        else:
+            everything = np.concatenate([ids, gone])
+            if pl.Series(everything, dtype=pl.String).n_unique() != len(everything):
+                raise ValueError("a removed chunk id is also among the chunks to restore")
+            order = np.argsort(everything, kind="stable")
+            saved_ids, keep = everything[order], order < len(ids)
+            state = lists_from_frame(state.filter(pl.col("kind") == self.kind), saved_ids, self.k)
+        order = np.argsort(ids, kind="stable")  # linear when already sorted
+        if not bool(np.array_equal(ids[order], saved_ids[keep])):
+            raise ValueError("the chunks given are not those of the saved state less the removed ones")
+        positions = np.empty(len(ids), dtype=np.int64)
+        positions[order] = np.arange(len(ids))
+        self._load(state, keep, positions, data, ann)
+
+    def _load(self, saved: SavedLists, keep: np.ndarray, positions: np.ndarray,
+              data: npt.ArrayLike | Sequence[Iterable[str]] | WordMatrix, ann: AnnIndex | None) -> None:
+        """Take saved lists; ``data`` belongs to the kept chunks, row i at ``positions[i]`` among them."""
+        _check_lists(saved, self.k)
+        self._corpus.load(positions, data, ann)  # type: ignore[arg-type]
+        self.chunk_ids = saved.chunk_ids
+        self._neighbors = saved.neighbors.astype(np.int64)
+        self._sims = np.array(saved.sims, dtype=np.float64)
+        self._edge_keys = None
+        if bool(keep.all()):
+            self.last_update = KnnUpdate(0, 0, 0, 0)
+            return
+        self._move(np.where(keep, np.cumsum(keep) - 1, -1), saved.chunk_ids[keep])
+        self.last_update = self._refresh(np.zeros(0, dtype=np.int64), added=0, removed=int(np.count_nonzero(~keep)))
 
     @property
     def ann_status(self) -> str:
@@ -589,8 +665,24 @@ class KnnGraph:
         """The ANN index (approximate semantic graphs only) and the faiss id of each of ``chunk_ids``."""
         return self._corpus.ann_index()
 
+    def lists(self) -> SavedLists:
+        """The directed lists as positions into ``chunk_ids``: the form to persist (views, not copies)."""
+        return SavedLists(self.chunk_ids, self._neighbors, self._sims)
+
+    def word_matrix(self) -> WordMatrix:
+        """The lexical corpus over ``chunk_ids``, to persist with the lists."""
+        if not isinstance(self._corpus, _WordCorpus):
+            raise TypeError("only a lexical graph has a word matrix")
+        return self._corpus.matrix()
+
+    def linked(self) -> np.ndarray:
+        """Which chunks have at least one edge of this kind."""
+        linked = np.any(self._neighbors >= 0, axis=1)
+        linked[self._neighbors[self._neighbors >= 0]] = True
+        return linked
+
     def state_frame(self) -> pl.DataFrame:
-        """The directed lists, one row per (chunk, neighbour), to persist as Parquet."""
+        """The directed lists, one row per (chunk, neighbour), with chunk ids."""
         row, rank = np.nonzero(self._neighbors >= 0)
         names = pl.Series(self.chunk_ids, dtype=pl.String)
         return pl.DataFrame(
@@ -604,27 +696,169 @@ class KnnGraph:
             schema=STATE_SCHEMA,
         )
 
+    def undirected(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each undirected pair once, as sorted keys low * len + high, with its weight (kept until the lists change)."""
+        if self._edge_keys is None:
+            self._edge_keys = _undirected(self._neighbors, self._sims)
+        return self._edge_keys
+
     def edges(self) -> pl.DataFrame:
         """Undirected similarity edges (src < dst), weight = the larger of the two directions' sims."""
-        row, rank = np.nonzero(self._neighbors >= 0)
-        col = self._neighbors[row, rank]
-        low, high = np.minimum(row, col), np.maximum(row, col)
-        key = low * len(self) + high
-        order = np.argsort(key, kind="stable")
-        key, weight = key[order], self._sims[row, rank][order]
-        starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(key) else np.zeros(0, np.int64)
-        best = np.maximum.reduceat(weight, starts) if len(key) else np.zeros(0)
-        src, dst = np.divmod(key[starts], max(len(self), 1))
-        names = pl.Series(self.chunk_ids, dtype=pl.String)
-        return pl.DataFrame(
-            {
-                "src": names.gather(src),
-                "dst": names.gather(dst),
-                "kind": pl.repeat(self.kind, len(starts), eager=True),
-                "weight": best,
-            },
-            schema=EDGE_SCHEMA,
-        )
+        keys, weights = self.undirected()
+        src, dst = np.divmod(keys, max(len(self), 1))
+        return _edge_frame(self.chunk_ids, src, dst, self.kind, weights)
+
+
+def _edge_frame(chunk_ids: np.ndarray, src: np.ndarray, dst: np.ndarray, kind: str, weights: np.ndarray) -> pl.DataFrame:
+    names = pl.Series(chunk_ids, dtype=pl.String)
+    return pl.DataFrame(
+        {"src": names.gather(src), "dst": names.gather(dst), "kind": pl.repeat(kind, len(src), eager=True),
+         "weight": weights},
+        schema=EDGE_SCHEMA,
+    )
+
+
+def _undirected(neighbors: np.ndarray, sims: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Directed lists as undirected pairs: sorted keys low * n + high, weight the larger direction's sim."""
+    n = len(neighbors)
+    row, rank = np.nonzero(neighbors >= 0)
+    col = neighbors[row, rank].astype(np.int64)
+    key = np.minimum(row, col) * n + np.maximum(row, col)
+    order = np.argsort(key, kind="stable")
+    key, weight = key[order], sims[row, rank][order]
+    if not len(key):
+        return np.zeros(0, np.int64), np.zeros(0)
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    return key[starts], np.maximum.reduceat(weight, starts)
+
+
+def edges_of(saved: SavedLists, kind: str) -> pl.DataFrame:
+    """The edges of saved lists, as :meth:`KnnGraph.edges` gives them for the graph they were saved from."""
+    keys, weights = _undirected(saved.neighbors, saved.sims)
+    src, dst = np.divmod(keys, max(len(saved.chunk_ids), 1))
+    return _edge_frame(saved.chunk_ids, src, dst, kind, weights)
+
+
+def _check_lists(saved: SavedLists, k: int) -> None:
+    """Saved lists that could silently give wrong neighbours are refused (ValueError)."""
+    ids, n = saved.chunk_ids, len(saved.chunk_ids)
+    if saved.neighbors.shape != (n, k) or saved.sims.shape != (n, k):
+        raise ValueError(f"the saved lists are {saved.neighbors.shape}, not {n} chunks x k={k}: saved with another k?")
+    if n > 1 and not bool(np.all(ids[1:] > ids[:-1])):
+        raise ValueError("the saved chunk ids are not sorted and unique")
+    neighbors = saved.neighbors
+    if neighbors.size and (int(neighbors.min()) < _EMPTY or int(neighbors.max()) >= n):
+        raise ValueError("the saved lists name positions outside the saved chunks")
+    if bool(np.any(neighbors == np.arange(n)[:, None])):
+        raise ValueError("a saved list names its own chunk")
+    if not bool(np.all(np.isfinite(saved.sims))):
+        raise ValueError("the saved similarities are not all finite")
+
+
+def lists_from_frame(state: pl.DataFrame, chunk_ids: np.ndarray, k: int) -> SavedLists:
+    """One kind's rows of a :meth:`KnnGraph.state_frame` as lists over ``chunk_ids`` (sorted).
+
+    Joins, not a search per id: a state frame of 100k chunks has millions of rows.
+    """
+    missing = set(STATE_SCHEMA) - set(state.columns)
+    if missing:
+        raise ValueError(f"state frame lacks columns {sorted(missing)}")
+    names = pl.DataFrame({"id": pl.Series(chunk_ids, dtype=pl.String)}).with_row_index("position")
+    rows = (state.join(names.rename({"id": "chunk_id", "position": "owner"}), on="chunk_id", how="left")
+            .join(names.rename({"id": "neighbor_id", "position": "neighbor"}), on="neighbor_id", how="left"))
+    if rows["owner"].null_count() or rows["neighbor"].null_count():
+        raise ValueError("state names chunk ids that are not in the corpus")
+    rank = rows["rank"].to_numpy().astype(np.int64)
+    if len(rank) and (rank.min() < 0 or rank.max() >= k):
+        raise ValueError(f"state ranks must lie in [0, {k}): was it saved with another k?")
+    owner = rows["owner"].to_numpy().astype(np.int64)
+    if len(rank) and int(np.bincount(owner * k + rank).max()) > 1:  # bincount: unique() is slow at millions
+        raise ValueError("state frame repeats a (chunk_id, rank) pair")
+    neighbors = np.full((len(chunk_ids), k), _EMPTY, dtype=np.int64)
+    sims = np.zeros((len(chunk_ids), k))
+    neighbors[owner, rank] = rows["neighbor"].to_numpy()
+    sims[owner, rank] = rows["sim"].to_numpy()
+    return SavedLists(chunk_ids, neighbors, sims)
+
+
+def word_matrix(words: Sequence[Iterable[str]]) -> WordMatrix:
+    """The word matrix of chunks given by their words (in that order)."""
+    corpus = _WordCorpus(DEFAULT_MAX_DF)
+    corpus.insert(np.zeros(0, dtype=np.int64), np.arange(len(words)), words)
+    return corpus.matrix()
+
+
+def edge_changes(before: SavedLists, graph: KnnGraph) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """(removed, added, reweighted) edges of the graph's kind from saved lists to the graph now (removed rows
+    carry the old weight, reweighted ones the new): what diffing the two edge frames gives.
+
+    An edge changes only with one of its two directed entries, so only pairs in lists that differ are
+    looked at, and those touching removed chunks: a few per changed list, not millions of string pairs.
+    """
+    to_new = _position_map(before.chunk_ids, graph.chunk_ids)
+    old_neighbors, old_sims = before.neighbors.astype(np.int64), before.sims
+    # the old lists renumbered to the new positions (a removed neighbour becomes _GONE, a new chunk's list empty)
+    kept = np.flatnonzero(to_new >= 0)
+    renumbered = np.where(old_neighbors >= 0, to_new[np.maximum(old_neighbors, 0)], _EMPTY)
+    renumbered[(old_neighbors >= 0) & (renumbered < 0)] = _GONE
+    was = np.full(graph._neighbors.shape, _EMPTY, dtype=np.int64)
+    was_sims = np.zeros(graph._sims.shape)
+    was[to_new[kept]], was_sims[to_new[kept]] = renumbered[kept], old_sims[kept]
+    rows = np.flatnonzero(np.any((was != graph._neighbors) | (was_sims != graph._sims), axis=1))
+    low, high = _pairs_of(rows, graph._neighbors[rows], was[rows])
+    old_weight = _pair_weight(was, was_sims, low, high)
+    new_weight = _pair_weight(graph._neighbors, graph._sims, low, high)
+    # pairs with a removed chunk, in the old positions (the new ones have no place for it)
+    gone = to_new < 0
+    touches = (old_neighbors >= 0) & gone[np.maximum(old_neighbors, 0)]
+    holders = np.union1d(np.flatnonzero(gone), np.flatnonzero(np.any(touches, axis=1)))
+    gone_low, gone_high = _pairs_of(holders, old_neighbors[holders], np.full((len(holders), 0), _EMPTY))
+    with_gone = gone[gone_low] | gone[gone_high]
+    gone_low, gone_high = gone_low[with_gone], gone_high[with_gone]
+    removed = np.isfinite(old_weight) & ~np.isfinite(new_weight)
+    added = ~np.isfinite(old_weight) & np.isfinite(new_weight)
+    reweighted = np.isfinite(old_weight) & np.isfinite(new_weight) & (old_weight != new_weight)
+    return (pl.concat([_edge_frame(before.chunk_ids, gone_low, gone_high, graph.kind,
+                                   _pair_weight(old_neighbors, old_sims, gone_low, gone_high)),
+                       _edge_frame(graph.chunk_ids, low[removed], high[removed], graph.kind, old_weight[removed])]),
+            _edge_frame(graph.chunk_ids, low[added], high[added], graph.kind, new_weight[added]),
+            _edge_frame(graph.chunk_ids, low[reweighted], high[reweighted], graph.kind, new_weight[reweighted]))
+
+
+def _pairs_of(rows: np.ndarray, *lists: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct undirected pairs (low, high) between each row and the entries of its lists."""
+    lows, highs = [], []
+    for entries in lists:
+        r, slot = np.nonzero(entries >= 0)
+        lows.append(np.minimum(rows[r], entries[r, slot]))
+        highs.append(np.maximum(rows[r], entries[r, slot]))
+    low, high = np.concatenate(lows).astype(np.int64), np.concatenate(highs).astype(np.int64)
+    width = int(high.max(initial=0)) + 1
+    key = np.unique(low * width + high)
+    return key // width, key % width
+
+
+def _pair_weight(neighbors: np.ndarray, sims: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """The edge weight of each pair under these lists: the larger direction's sim; -inf when neither lists the other."""
+    def direction(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        hit = neighbors[a] == b[:, None]
+        slot = hit.argmax(axis=1)
+        found = hit[np.arange(len(a)), slot]
+        return np.where(found, sims[a, slot], -np.inf)
+
+    if not len(low):
+        return np.zeros(0)
+    return np.maximum(direction(low, high), direction(high, low))
+
+
+def _position_map(old_ids: np.ndarray, new_ids: np.ndarray) -> np.ndarray:
+    """Position in ``new_ids`` of each of ``old_ids``; -1 for those not there."""
+    old = pl.DataFrame({"chunk_id": pl.Series(old_ids, dtype=pl.String)}).with_row_index("old")
+    new = pl.DataFrame({"chunk_id": pl.Series(new_ids, dtype=pl.String)}).with_row_index("new")
+    pairs = old.join(new, on="chunk_id", how="inner")
+    mapping = np.full(len(old_ids), -1, dtype=np.int64)
+    mapping[pairs["old"].to_numpy()] = pairs["new"].to_numpy()
+    return mapping
 
 
 def semantic_knn(
@@ -633,7 +867,7 @@ def semantic_knn(
     k: int = DEFAULT_K,
     *,
     mode: Mode = "exact",
-    state: pl.DataFrame | None = None,
+    state: pl.DataFrame | SavedLists | None = None,
     removed: Sequence[str] = (),
     ann_index: AnnIndex | None = None,
 ) -> KnnGraph:
@@ -641,7 +875,7 @@ def semantic_knn(
 
     ``mode="exact"`` is blocked brute force (memory O(block·n), never n x n) and its updates equal
     a rebuild; ``mode="approx"`` finds candidates with faiss HNSW (for large n) and scores them
-    exactly. With ``state`` (a :meth:`KnnGraph.state_frame`), the lists are loaded, not searched;
+    exactly. With ``state`` (a :meth:`KnnGraph.state_frame` or :meth:`KnnGraph.lists`), the lists are loaded, not searched;
     ``removed`` names chunks of the state that are gone (no vector needed), and ``ann_index`` is a
     saved :meth:`KnnGraph.ann_index` to reuse instead of building one (checked against the vectors;
     rebuilt when it does not match, as ``ann_status`` then says).
@@ -657,15 +891,16 @@ def semantic_knn(
 
 def lexical_knn(
     chunk_ids: Sequence[str],
-    words: Sequence[Iterable[str]],
+    words: Sequence[Iterable[str]] | WordMatrix,
     k: int = DEFAULT_K,
     *,
     max_df: int = DEFAULT_MAX_DF,
-    state: pl.DataFrame | None = None,
+    state: pl.DataFrame | SavedLists | None = None,
 ) -> KnnGraph:
     """Lexical KNN graph over each chunk's content words (or keyword ids); always exact.
 
-    Words found in more than ``max_df`` chunks are ignored. With ``state``, lists are loaded.
+    Words found in more than ``max_df`` chunks are ignored. With ``state``, lists are loaded; the words
+    may then be a saved :meth:`KnnGraph.word_matrix` (rows in ``chunk_ids`` order).
     """
     graph = KnnGraph(_WordCorpus(max_df), k)
     if state is None:
