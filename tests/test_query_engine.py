@@ -313,3 +313,49 @@ def test_the_graph_route_logs_the_weights_it_fused_with(service):
     line = service.provenance(result["query_id"])["log"]
     assert line["fusion_weights"] == engine.graph_weights and line["fusion_weights"]
     assert 0.0 <= engine.graph_selectivity <= 1.0
+
+
+class _SemanticRouter:
+    def route(self, question, vector):
+        from lexgraph.query.router import RouteDecision
+
+        return RouteDecision("semantic", 0.7, "semantic: closest to the exemplars of this route",
+                             {"semantic": 0.7, "graph": 0.2, "agentic": 0.1})
+
+
+def test_a_semantic_choice_is_taken_on_the_graph_route_when_the_graph_is_selective(service):
+    engine = service.engine()
+    router, selectivity = engine.router, engine.graph_selectivity
+    try:
+        engine.router = _SemanticRouter()
+        engine.graph_selectivity = 0.0  # a hub graph: the graph route would rank as the semantic one
+        route, decision = engine.decide("Who runs Kestrel Propulsion?")
+        assert route == "semantic" == decision.route
+        engine.graph_selectivity = 1.0  # a selective graph: its traversal adds evidence
+        route, decision = engine.decide("Who runs Kestrel Propulsion?")
+        assert route == "graph" == decision.route and "selective" in decision.reason
+        assert decision.probabilities["semantic"] == 0.7  # what the router said stays in the log
+        assert engine.decide("Who runs Kestrel Propulsion?", "semantic")[0] == "semantic"  # a forced route stays
+    finally:
+        engine.router, engine.graph_selectivity = router, selectivity
+
+
+def test_the_agentic_route_weighs_the_whole_question_above_its_steps(service, monkeypatch):
+    from lexgraph.query.retrieval import reciprocal_rank_fusion
+
+    engine = service.engine()
+    size = engine.retriever.index.size
+    rankings = {}
+    for i, text in enumerate(["whole question", "step one", "step two"]):
+        scores = np.full(size, -np.inf)
+        scores[[i, i + 3, i + 6]] = [3.0, 2.0, 1.0]
+        rankings[text] = scores
+    monkeypatch.setattr(engine, "decompose", lambda question: ["step one", "step two"])
+    monkeypatch.setattr(engine, "_graph_ranking", lambda text: (rankings[text], {}, False))
+    result = engine._agentic("whole question", None)
+    p = engine.params
+    expected = reciprocal_rank_fusion([(rankings["whole question"], p.agentic_whole_weight),
+                                       (rankings["step one"], 0.5), (rankings["step two"], 0.5)], size, p.rrf_k,
+                                      p.fusion_depth)
+    assert np.array_equal(result.scores, expected) and result.steps == ["step one", "step two"]
+    assert int(np.argmax(result.scores)) == 0  # the whole question's best chunk leads
