@@ -1,6 +1,6 @@
 """The lexical_graph step alone, in a fresh process: one new document added to a large index, then
 `build_lexical_graph` timed, either as this checkout has it (a diff from the saved state) or as a given
-older lexical.py has it (e.g. `git show fa12945:lexgraph/build/lexical.py > /tmp/old_lexical.py`).
+older lexical.py has it (e.g. `git show fbe8931^:lexgraph/build/lexical.py > /tmp/old_lexical.py`).
 
     .venv/bin/python -m benchmarks.bench_lexical_step HOME WORK [--old /tmp/old_lexical.py]
 
@@ -90,12 +90,12 @@ def main() -> None:
     doc_id = add_document(home, embedder)
     settings = Settings.from_env(home=home)
     vectors, store = VectorStore(settings.lance_uri), ExtractStore(settings.extract_dir)
-    kwargs = {"state_dir": CorpusFiles(settings.index_dir).lexical_state}
+    module, kwargs = lexical, {"state_dir": CorpusFiles(settings.index_dir).lexical_state}
     if args.old:
         spec = importlib.util.spec_from_file_location("old_lexical", args.old)
-        lexical = importlib.util.module_from_spec(spec)
-        sys.modules["old_lexical"] = lexical  # dataclasses look their module up
-        spec.loader.exec_module(lexical)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["old_lexical"] = module  # dataclasses look their module up
+        spec.loader.exec_module(module)
         kwargs = {}
     import cProfile
     import pstats
@@ -105,7 +105,7 @@ def main() -> None:
     with GraphStore.writer(settings.graph_path) as graph:
         if profile:
             profile.enable()
-        result = lexical.build_lexical_graph(sorted(vectors.indexed_hashes()), store, graph, vectors, embedder,
+        result = module.build_lexical_graph(sorted(vectors.indexed_hashes()), store, graph, vectors, embedder,
                                              run_id="bench", **kwargs)
         if profile:
             profile.disable()

@@ -15,7 +15,8 @@
 3. Load (`build_lexical_graph`): all documents' tables, with entity and fact resolution, into Kùzu
    (Statement, Topic, Fact, Entity nodes and their edges) and LanceDB (statement and entity vectors).
    Built from the Parquet files alone: rebuilding, or dropping a removed document's share, costs no
-   LLM call.
+   LLM call. With a saved state (lexical_diff) only changed documents are read and only the difference
+   is written; the whole rebuild is the checked fallback.
 """
 from __future__ import annotations
 
@@ -484,22 +485,6 @@ class LexicalGraphResult:
         return {"mode": self.mode, "reason": self.reason, "documents_read": len(self.documents_read),
                 **{f"documents_{kind}": len(docs) for kind, docs in self.changes.items()},
                 "statement_vectors": self.statement_vectors, "entity_vectors": self.entity_vectors}
-
-
-def read_lexical_tables(store: ExtractStore, doc_ids: Iterable[str]) -> tuple[dict[str, pl.DataFrame], list[str], list[str]]:
-    """All documents' lexical tables, concatenated per stage -> (tables, documents read, documents missing some)."""
-    parts: dict[str, list[pl.DataFrame]] = {stage: [] for stage in LEXICAL_STAGES}
-    done, missing = [], []
-    for doc_id in doc_ids:
-        if not all(store.exists(stage, doc_id) for stage in LEXICAL_STAGES):
-            missing.append(doc_id)
-            continue
-        for stage in LEXICAL_STAGES:
-            parts[stage].append(store.read(stage, doc_id))
-        done.append(doc_id)
-    tables = {stage: (pl.concat(frames, how="diagonal_relaxed").select(list(COLUMNS[stage]))
-                      if frames else _frame(stage, [])) for stage, frames in parts.items()}
-    return tables, done, missing
 
 
 def _joined(values: list[str] | None) -> str:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import polars as pl
 
-from lexgraph.build.pipeline import ENTITIES, FACTS, RELATIONS, STATEMENTS, TOPICS
+from lexgraph.build.pipeline import ENTITIES, FACTS, RELATIONS, STATEMENTS
 from lexgraph.ids import content_hash
 
 STATE_FORMAT = 1
