@@ -95,7 +95,8 @@ def _written_columns(table: Table, settings: Settings, doc_id: str, sha256: str)
         key = sha256 if table.name == "source_texts" else doc_id
         return columns_of(pl.read_parquet_schema(ExtractStore(settings.extract_dir).path(table.name, key)))
     if table.kind == "corpus":
-        return columns_of(pl.read_parquet_schema(getattr(CorpusFiles(settings.index_dir), table.name)))
+        path = getattr(CorpusFiles(settings.index_dir), table.name)
+        return columns_of(pl.read_ipc_schema(path) if path.suffix == ".arrow" else pl.read_parquet_schema(path))
     if table.kind == "lancedb":
         return columns_of(VectorStore(settings.lance_uri).db.open_table(table.name).schema)
     graph = GraphStore(settings.graph_path)

@@ -93,11 +93,11 @@ def test_pagerank_and_skeleton_inherit_the_catalog_the_knn_graph_was_built_from(
 def test_removing_a_document_leaves_no_dangling_edges_or_keywords(tiny_corpus, home, instance):
     ingest_folder(tiny_corpus, instance, home=str(home), progress=False)
     files = CorpusFiles(Settings.from_env(home=home).index_dir)
-    keywords_before = set(pl.read_parquet(files.keyword_index)["keyword"].to_list())
+    keywords_before = set(pl.read_ipc(files.keyword_index)["keyword"].to_list())
     assert "kiel" in keywords_before  # only beta.txt mentions Kiel
     (tiny_corpus / "beta.txt").unlink()
     ingest_folder(tiny_corpus, instance, home=str(home), prune=True, progress=False)
-    keywords_after = set(pl.read_parquet(files.keyword_index)["keyword"].to_list())
+    keywords_after = set(pl.read_ipc(files.keyword_index)["keyword"].to_list())
     assert "kiel" not in keywords_after and "alpha shipping" in keywords_after
     edges = pl.read_parquet(files.edges)
     chunk_ids = set(stores(home)[0].chunk_vectors()[0]["chunk_id"].to_list())

@@ -73,7 +73,7 @@ def store_snapshot(home: Path) -> dict:
     files = CorpusFiles(settings.index_dir)
     pagerank = pl.read_parquet(files.pagerank)
     skeleton = pl.read_parquet(files.skeleton)
-    keyword_index = pl.read_parquet(files.keyword_index)
+    keyword_index = pl.read_ipc(files.keyword_index)
     catalog = vectors.indexed_hashes()
     exact = {
         "sources": sorted(zip(sources["doc_id"], sources["content_hash"], sources["chunk_count"])),
@@ -281,9 +281,27 @@ def test_keyword_index_without_its_contribution_list_is_rebuilt(tmp_path):
     store = _keyword_store(tmp_path, 3)
     files = CorpusFiles(tmp_path / "index")
     built = update_keyword_index(files, store, ["doc0", "doc1", "doc2"], 8)
-    files.write(files.keyword_index, built.index)  # same rows, no list
+    built.index.write_ipc(files.keyword_index)  # same rows, no list
     result = update_keyword_index(files, store, ["doc0", "doc1", "doc2"], 8)
     assert sorted(result.added) == ["doc0", "doc1", "doc2"] and result.index.equals(built.index)
+
+
+def test_keyword_index_saved_as_parquet_before_is_read_once_then_replaced(tmp_path):
+    """An index saved by the Parquet layout (before the Arrow file) is trusted with its list and rewritten."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    store = _keyword_store(tmp_path, 3)
+    files = CorpusFiles(tmp_path / "index")
+    built = update_keyword_index(files, store, ["doc0", "doc1"], 8)
+    with pa.memory_map(str(files.keyword_index)) as source:
+        pq.write_table(pa.ipc.open_file(source).read_all(), files.keyword_index_parquet)  # list kept
+    files.keyword_index.unlink()
+    result = update_keyword_index(files, store, ["doc0", "doc1", "doc2"], 8)
+    assert result.added == ["doc2"] and not files.keyword_index_parquet.exists()
+    assert result.index.equals(update_keyword_index(CorpusFiles(tmp_path / "fresh"), store,
+                                                    ["doc0", "doc1", "doc2"], 8).index)
+    assert built.index.height > 0
 
 
 def test_knn_state_torn_between_its_two_files_is_rebuilt(tmp_path):

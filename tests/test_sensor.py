@@ -179,7 +179,7 @@ def test_corpus_sensor_follows_every_change_of_the_catalog(tiny_corpus, home, in
     assert files.stale_steps({}, settings) == []
     assert graph_counts(home, ("Chunk", "SIMILAR", "Keyword", "KEYWORD_IN")) == dict.fromkeys(
         ("Chunk", "SIMILAR", "Keyword", "KEYWORD_IN"), 0)
-    assert pl.read_parquet(files.keyword_index).height == 0 and pl.read_parquet(files.edges).height == 0
+    assert pl.read_ipc(files.keyword_index).height == 0 and pl.read_parquet(files.edges).height == 0
     assert _corpus_tick(defs, instance).skip_message.startswith("corpus index is current")
 
 

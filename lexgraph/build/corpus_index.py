@@ -91,7 +91,10 @@ class CorpusFiles:
         self.pagerank = self.root / "pagerank.parquet"
         self.skeleton = self.root / "skeleton.parquet"
         self.skeleton_diff = self.root / "skeleton_diff.json"
-        self.keyword_index = self.root / "keyword_index.parquet"
+        # Arrow IPC, uncompressed: read memory-mapped and written in a fraction of Parquet's time (at 100k chunks
+        # 350 MB of vector sums, rewritten by every update: 0.005 s + 0.19 s against 2.5 s + 1.1 s)
+        self.keyword_index = self.root / "keyword_index.arrow"
+        self.keyword_index_parquet = self.root / "keyword_index.parquet"  # before: read once, then replaced
         self.keyword_contrib = self.root / "keyword_contrib"  # each document's stats as added
         self.built_from = self.root / "built_from.json"  # step -> catalog digest it was built from
         self.entity_merges = self.root / "entity_merges.parquet"  # every surface form folded into an entity, and why
@@ -763,10 +766,15 @@ def _load_keyword_index(files: CorpusFiles, dimension: int) -> tuple[pl.DataFram
     """The saved index, the contributions it includes and each document's link count; None for the
     contributions when it cannot be trusted."""
     try:
-        listed = pq.read_schema(files.keyword_index).metadata or {}
+        if files.keyword_index.exists() or not files.keyword_index_parquet.exists():
+            with pa.memory_map(str(files.keyword_index)) as source:
+                table = pa.ipc.open_file(source).read_all()
+        else:
+            table = pq.read_table(files.keyword_index_parquet)
+        listed = table.schema.metadata or {}
         included = json.loads(listed[KEYWORD_CONTRIBUTIONS]) if KEYWORD_CONTRIBUTIONS in listed else None
         link_counts = json.loads(listed[KEYWORD_LINKS]) if KEYWORD_LINKS in listed else {}
-        index = pl.read_parquet(files.keyword_index)
+        index = pl.from_arrow(table.replace_schema_metadata(None))
     except FileNotFoundError:
         return kw.empty_keyword_index(dimension), None, {}
     except (Exception, pl.exceptions.PanicException):  # a damaged file is rebuilt, not trusted
@@ -779,9 +787,15 @@ def _load_keyword_index(files: CorpusFiles, dimension: int) -> tuple[pl.DataFram
 def _write_keyword_index(files: CorpusFiles, index: pl.DataFrame, included: dict[str, str],
                          link_counts: dict[str, int]) -> None:
     table = index.to_arrow()
-    files.write_arrow(files.keyword_index, table.replace_schema_metadata(
+    table = table.replace_schema_metadata(
         {**(table.schema.metadata or {}), KEYWORD_CONTRIBUTIONS: json.dumps(included, sort_keys=True).encode(),
-         KEYWORD_LINKS: json.dumps(link_counts, sort_keys=True).encode()}))
+         KEYWORD_LINKS: json.dumps(link_counts, sort_keys=True).encode()})
+    files.root.mkdir(parents=True, exist_ok=True)
+    partial = files.keyword_index.with_suffix(".tmp")
+    with pa.OSFile(str(partial), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    partial.replace(files.keyword_index)
+    files.keyword_index_parquet.unlink(missing_ok=True)  # the format before: the Arrow file replaces it
 
 
 def keyword_chunk_links(store: ExtractStore, doc_ids: list[str]) -> pl.DataFrame:
