@@ -46,7 +46,7 @@ def code_versions(settings: Settings) -> dict[str, str]:
         "chunk_extractions": extraction, "document_statements": extraction, "document_topics": extraction,
         "document_facts": extraction, "document_entities": extraction, "lexical_graph": extraction,
         "search_indexes": f"{document}|lance_threshold={settings.lance_threshold}|backend={settings.query_backend}",
-        "lance_compaction": "",  # rewrites files, never content
+        "lance_compaction": document,  # rewrites the files of tables the document settings shape, never content
         "query_log": document,  # answers cite chunks: a new chunker or model starts a new log's meaning
     }
     return {name: f"r{ASSET_REVISIONS[name]}-{short_hash(text, 10)}" for name, text in shaped_by.items()}

@@ -1,0 +1,65 @@
+"""Bring a cached benchmark index to the current on-disk bookkeeping, in place and with its content
+unchanged: what the first corpus update after an upgrade does by itself, done once so that timed
+fresh-process adds (benchmarks.fresh_add) measure the steady state, not a one-off migration.
+
+    .venv/bin/python -m benchmarks.settle_index <index home>
+
+Steps, each skipped when already done: the KNN save rewritten in its current format; the keyword index
+rewritten as Arrow; the lexical graph's saved state written (a rebuild of the same graph, nothing
+embedded); the LanceDB tables compacted, keeping no old version (nothing else reads a cached index).
+"""
+import json
+import sys
+import time
+from datetime import timedelta
+
+from lexgraph.build import corpus_index as ci
+from lexgraph.build import lexical
+from lexgraph.extract.embedder import Embedder
+from lexgraph.settings import Settings
+from lexgraph.storage import lance_maintenance
+from lexgraph.storage.extract_store import ExtractStore
+from lexgraph.storage.graph_store import GraphStore
+from lexgraph.storage.vector_store import VectorStore
+
+
+def timed(label: str, step) -> None:
+    started = time.perf_counter()
+    outcome = step()
+    print(f"{label}: {outcome} ({time.perf_counter() - started:.1f} s)", flush=True)
+
+
+def keyword_index(files: ci.CorpusFiles, dimension: int) -> str:
+    if files.keyword_index.exists():
+        return "already Arrow"
+    index, included, links = ci._load_keyword_index(files, dimension)
+    if included is None:
+        return "no trusted index to rewrite (the next update rebuilds it)"
+    ci._write_keyword_index(files, index, included, links)
+    return f"{index.height} keywords rewritten as Arrow"
+
+
+def lexical_state(settings: Settings, files: ci.CorpusFiles, vectors: VectorStore, embedder) -> str:
+    if (files.lexical_state / "state.json").exists():
+        return "state already saved"
+    with GraphStore.writer(settings.graph_path) as graph:
+        result = lexical.build_lexical_graph(sorted(vectors.indexed_hashes()), ExtractStore(settings.extract_dir),
+                                             graph, vectors, embedder, run_id="settle",
+                                             state_dir=files.lexical_state)
+    return f"{result.mode} ({result.reason}), embedded {result.embedded}"
+
+
+def main() -> None:
+    settings = Settings.from_env(home=sys.argv[1])
+    files, vectors = ci.CorpusFiles(settings.index_dir), VectorStore(settings.lance_uri)
+    embedder = Embedder.shared(settings.embed_model)
+    timed("knn save", lambda: ci.resave_knn(files))
+    timed("keyword index", lambda: keyword_index(files, embedder.dimension))
+    timed("lexical state", lambda: lexical_state(settings, files, vectors, embedder))
+    lance_maintenance.KEEP_VERSIONS = timedelta(0)
+    timed("lance tables", lambda: json.dumps([(t["table"], t["decision"], t["fragments_after"])
+                                              for t in lance_maintenance.compact_tables(vectors)]))
+
+
+if __name__ == "__main__":
+    main()
