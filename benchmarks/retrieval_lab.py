@@ -95,23 +95,33 @@ def figures(data: dict, name: str, ranking) -> dict:
     keys = [ev.document_key(p) for p in d["source_path"]]
     out: dict[str, list] = {}
     for row in d["rows"]:
-        scores = ranking(row, d)
-        finite = np.flatnonzero(np.isfinite(scores))
-        order = finite[np.argsort(-scores[finite], kind="stable")]
+        order = _order(row, d, ranking)
         if name == "lihua":
             docs = [keys[i] for i in order[:50]]
             out.setdefault(f"R5 {row['qtype']}", []).append(ev.evidence_recall(docs, row["evidence"], 5))
             if row["qtype"] == "Multi":
                 out.setdefault("all5 Multi", []).append(ev.all_evidence_found(docs, row["evidence"], 5))
         else:
-            texts, used = [], 0
-            for i in order[:375]:
-                if used + d["token_count"][i] > 12000:
-                    break
-                texts.append(d["text"][i])
-                used += d["token_count"][i]
-            out.setdefault("cov12k", []).append(ev.answer_covered(row["answer"], texts))
+            out.setdefault("cov12k", []).append(ev.answer_covered(row["answer"], _within_budget(order, d)))
     return {k: round(float(ev.mean(v)), 3) for k, v in out.items()}
+
+
+def _order(row: dict, d: dict, ranking) -> np.ndarray:
+    """Chunk positions by the ranking's score, best first (unscored ones left out)."""
+    scores = ranking(row, d)
+    finite = np.flatnonzero(np.isfinite(scores))
+    return finite[np.argsort(-scores[finite], kind="stable")]
+
+
+def _within_budget(order: np.ndarray, d: dict, budget: int = 12000) -> list[str]:
+    """The ranked chunks' texts that fit in the token budget (the coverage measure's context)."""
+    texts, used = [], 0
+    for i in order[:375]:
+        if used + d["token_count"][i] > budget:
+            break
+        texts.append(d["text"][i])
+        used += d["token_count"][i]
+    return texts
 
 
 def per_question(data: dict, name: str, ranking) -> list:
@@ -119,19 +129,11 @@ def per_question(data: dict, name: str, ranking) -> list:
     keys = [ev.document_key(p) for p in d["source_path"]]
     values = []
     for row in d["rows"]:
-        scores = ranking(row, d)
-        finite = np.flatnonzero(np.isfinite(scores))
-        order = finite[np.argsort(-scores[finite], kind="stable")]
+        order = _order(row, d, ranking)
         if name == "lihua":
             values.append(ev.evidence_recall([keys[i] for i in order[:50]], row["evidence"], 5))
         else:
-            texts, used = [], 0
-            for i in order[:375]:
-                if used + d["token_count"][i] > 12000:
-                    break
-                texts.append(d["text"][i])
-                used += d["token_count"][i]
-            values.append(ev.answer_covered(row["answer"], texts))
+            values.append(ev.answer_covered(row["answer"], _within_budget(order, d)))
     return values
 
 
