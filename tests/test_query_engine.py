@@ -359,3 +359,13 @@ def test_the_agentic_route_weighs_the_whole_question_above_its_steps(service, mo
                                       p.fusion_depth)
     assert np.array_equal(result.scores, expected) and result.steps == ["step one", "step two"]
     assert int(np.argmax(result.scores)) == 0  # the whole question's best chunk leads
+
+
+def test_a_start_up_load_that_fails_is_said_and_the_first_question_reports_it(tmp_path, capfd):
+    from lexgraph.index import EmptyIndexError
+
+    service = QueryService(Settings.from_env(home=tmp_path / "empty"))
+    service.warm().join(timeout=60)
+    assert "the index did not load at start (EmptyIndexError" in capfd.readouterr().err
+    with pytest.raises(EmptyIndexError, match="is empty"):
+        service.ask("Who runs Bolt Engines?")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 import unicodedata
@@ -189,8 +190,9 @@ class QueryService:
         def run() -> None:
             try:
                 self.engine()
-            except Exception:  # noqa: BLE001 - the first question loads again and answers with the error
-                pass
+            except Exception as error:  # noqa: BLE001 - the first question loads again and answers with the error
+                print(f"lexgraph serve: the index did not load at start ({type(error).__name__}: {error}); "
+                      "the first question tries again", file=sys.stderr, flush=True)
 
         thread = threading.Thread(target=run, name="lexgraph-warm", daemon=True)
         thread.start()
