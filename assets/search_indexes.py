@@ -19,8 +19,7 @@ from resources import IndexResource, LanceDBResource
     "always with LEXGRAPH_QUERY_BACKEND=lance): an IVF_PQ vector index (cosine; IVF_FLAT below 10,000 chunks), a "
     "native full-text index on the text, a BTREE on chunk_id, and the keyword→chunk links as a table. Rows "
     "written after an index was built are searched flat until folded in: optimized once they pass 5 % of the "
-    "table, retrained when the table has doubled or halved. Runs after skeleton_selection, whose PageRank "
-    "write rewrites the chunk rows.",
+    "table, retrained when the table has doubled or halved. Runs after skeleton_selection and keyword_index.",
 )
 def search_indexes(context: dg.AssetExecutionContext, index: IndexResource,
                    lancedb: LanceDBResource) -> dg.MaterializeResult:

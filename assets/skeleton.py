@@ -208,7 +208,7 @@ def skeleton_selection(context: dg.AssetExecutionContext, index: IndexResource, 
     if result.selection.height:
         with kuzu.writer() as graph:
             graph.set_chunk_scores(result.selection)
-        lancedb.get().set_chunk_scores(result.selection)
+    lancedb.get().set_chunk_scores(result.selection)  # an empty catalog empties the table too
     stored = pl.read_parquet(files.skeleton)
     selected, expected = int(stored["selected"].sum()), skeleton_size(ranks.height, beta)
     diff = result.diff.to_dict()

@@ -107,8 +107,7 @@ class Corpus:
             "token_count": np.full(len(rows), CHUNK_WORDS + 20, dtype=np.int32),
             "source_path": [f"synthetic/{d}.txt" for d in docs], "content_hash": [d for d in docs],
             "page_start": pl.Series([None] * len(rows), dtype=pl.Int32),
-            "page_end": pl.Series([None] * len(rows), dtype=pl.Int32), "model": ["all-MiniLM-L6-v2"] * len(rows),
-            "pagerank": np.zeros(len(rows)), "in_skeleton": [False] * len(rows)})
+            "page_end": pl.Series([None] * len(rows), dtype=pl.Int32), "model": ["all-MiniLM-L6-v2"] * len(rows)})
         table = frame.to_arrow().append_column("vector", pa.FixedSizeListArray.from_arrays(
             pa.array(vectors.ravel()), DIM)).cast(chunk_schema(DIM))
         links = []

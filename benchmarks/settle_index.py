@@ -4,8 +4,9 @@ fresh-process adds (benchmarks.fresh_add) measure the steady state, not a one-of
 
     .venv/bin/python -m benchmarks.settle_index <index home>
 
-Steps, each skipped when already done: the KNN save rewritten in its current format; the keyword index
-rewritten as Arrow; the lexical graph's saved state written (a rebuild of the same graph, nothing
+Steps, each skipped when already done: the KNN save rewritten in its current format; the chunk rows' former
+PageRank and skeleton columns dropped (they live in the chunk_scores table); the keyword index rewritten as
+Arrow; the lexical graph's saved state written (a rebuild of the same graph, nothing
 embedded); the LanceDB tables compacted, keeping no old version (nothing else reads a cached index).
 """
 import json
@@ -20,7 +21,7 @@ from lexgraph.settings import Settings
 from lexgraph.storage import lance_maintenance
 from lexgraph.storage.extract_store import ExtractStore
 from lexgraph.storage.graph_store import GraphStore
-from lexgraph.storage.vector_store import VectorStore
+from lexgraph.storage.vector_store import CHUNKS, VectorStore
 
 
 def timed(label: str, step) -> None:
@@ -39,6 +40,15 @@ def keyword_index(files: ci.CorpusFiles, dimension: int) -> str:
     return f"{index.height} keywords rewritten as Arrow"
 
 
+def chunk_score_columns(vectors: VectorStore) -> str:
+    table = vectors.db.open_table(CHUNKS)
+    former = [c for c in ("pagerank", "in_skeleton") if c in table.schema.names]
+    if not former:
+        return "already without them"
+    table.drop_columns(former)
+    return f"dropped {former} (the next corpus update writes chunk_scores)"
+
+
 def lexical_state(settings: Settings, files: ci.CorpusFiles, vectors: VectorStore, embedder) -> str:
     if (files.lexical_state / "state.json").exists():
         return "state already saved"
@@ -54,6 +64,7 @@ def main() -> None:
     files, vectors = ci.CorpusFiles(settings.index_dir), VectorStore(settings.lance_uri)
     embedder = Embedder.shared(settings.embed_model)
     timed("knn save", lambda: ci.resave_knn(files))
+    timed("chunk rows' score columns", lambda: chunk_score_columns(vectors))
     timed("keyword index", lambda: keyword_index(files, embedder.dimension))
     timed("lexical state", lambda: lexical_state(settings, files, vectors, embedder))
     lance_maintenance.KEEP_VERSIONS = timedelta(0)

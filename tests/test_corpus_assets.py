@@ -48,8 +48,9 @@ def test_skeleton_builds_and_updates_incrementally(tiny_corpus, home, instance):
     digest = catalog_digest(vectors.indexed_hashes())
     assert files.built_digests() == dict.fromkeys(CORPUS_STEPS, digest) and files.stale_steps(vectors.indexed_hashes(), Settings.from_env(home=home)) == []
     assert knn_meta["catalog_digest"] == digest == _corpus_metadata(instance, "skeleton_selection")["catalog_digest"]
-    lance_chunks = pl.from_arrow(vectors.db.open_table("chunks").to_arrow().select(["chunk_id", "pagerank", "in_skeleton"]))
+    lance_chunks = pl.from_arrow(vectors.db.open_table("chunk_scores").to_arrow())
     assert lance_chunks["in_skeleton"].sum() == int(0.8 * n) and lance_chunks["pagerank"].min() > 0
+    assert lance_chunks.height == n and "pagerank" not in vectors.db.open_table("chunks").schema.names
 
     # Adding a document: no other document's per-document assets run again.
     before = {a: materialized_partitions(instance, a) for a in ("source_document", "document_chunks",

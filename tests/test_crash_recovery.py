@@ -53,8 +53,8 @@ def store_snapshot(home: Path) -> dict:
     settings = Settings.from_env(home=home)
     vectors = VectorStore(settings.lance_uri)
     sources = vectors.sources()
-    chunks = pl.from_arrow(vectors.db.open_table("chunks").to_arrow().select(
-        ["chunk_id", "doc_id", "content_hash", "pagerank", "in_skeleton"]))
+    chunks = pl.from_arrow(vectors.db.open_table("chunks").to_arrow().select(["chunk_id", "doc_id", "content_hash"]))
+    chunks = chunks.join(pl.from_arrow(vectors.db.open_table("chunk_scores").to_arrow()), on="chunk_id", how="left")
     lance_keywords = pl.from_arrow(vectors.db.open_table("keywords").to_arrow().select(["keyword", "sentence_count"]))
     graph = GraphStore(settings.graph_path)
     try:

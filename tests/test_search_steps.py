@@ -74,3 +74,35 @@ def test_a_failing_search_step_stays_out_of_step_and_names_the_problem(tiny_corp
     assert files.stale_steps(catalog, Settings.from_env(home=home)) == []
     latest = instance.fetch_materializations(dg.AssetKey(SEARCH_INDEXES), limit=1).records[0]
     assert latest.asset_materialization.metadata["decision"].value != "below threshold: none"
+
+
+def test_a_corpus_update_leaves_the_indexed_chunk_rows_indexed(tiny_corpus, home, instance, monkeypatch):
+    """PageRank and the skeleton go to their own table: a new β rewrites no chunk row, so LanceDB's indexes
+    stay whole (no re-index of the chunk table per update)."""
+    monkeypatch.setenv("LEXGRAPH_QUERY_BACKEND", "lance")
+    _ingest(tiny_corpus, instance, home)
+    vectors = stores(home)[0]
+    assert lance_indexes.chunk_index_states(vectors)[lance_indexes.ANN_INDEX].present
+    monkeypatch.setenv("LEXGRAPH_BETA", "0.5")
+    report = _ingest(tiny_corpus, instance, home)
+    assert "skeleton_selection" in _steps_run(instance, report.corpus_run)
+    latest = instance.fetch_materializations(dg.AssetKey(SEARCH_INDEXES), limit=1).records[0]
+    metadata = latest.asset_materialization.metadata
+    assert metadata["decision"].value == "current" and metadata["unindexed_rows"].value == 0
+    scores = vectors.db.open_table("chunk_scores").to_arrow()
+    assert scores.num_rows == vectors.count("chunks") and sum(scores.column("in_skeleton").to_pylist()) == \
+        int(0.5 * scores.num_rows)
+
+
+def test_chunk_rows_of_the_former_layout_lose_their_score_columns_and_keep_their_indexes(tiny_corpus, home,
+                                                                                       instance, monkeypatch):
+    monkeypatch.setenv("LEXGRAPH_QUERY_BACKEND", "lance")
+    _ingest(tiny_corpus, instance, home)
+    vectors = stores(home)[0]
+    vectors.db.open_table("chunks").add_columns({"pagerank": "CAST(0.0 AS DOUBLE)", "in_skeleton": "false"})
+    (tiny_corpus / "delta.md").write_text("# Delta\n\nDelta Tankers chartered the vessel Nordlys Spirit.\n")
+    _ingest(tiny_corpus, instance, home)
+    table = vectors.db.open_table("chunks")
+    assert "pagerank" not in table.schema.names and "in_skeleton" not in table.schema.names
+    assert all(s.present for s in lance_indexes.chunk_index_states(vectors).values())
+    assert "delta.md" in " ".join(vectors.sources()["relative_path"].to_list())
