@@ -72,3 +72,16 @@ def test_the_corpus_job_compacts_last_and_queries_read_the_same(tiny_corpus, hom
     assert ingest_folder(tiny_corpus, instance, home=str(home), progress=False).corpus_index_ok is not False
     docs = set(vectors.db.open_table("statements").to_arrow().column("doc_id").to_pylist())
     assert len(docs) == 5
+
+
+def test_a_table_that_cannot_be_compacted_is_reported_and_the_others_still_are(tmp_path):
+    store, _ = _fragmented(tmp_path)
+    damaged = store.db.create_table("damaged", schema=SCHEMA)
+    for d in range(40):
+        damaged.add(pa.table({"id": [str(d)], "doc_id": [f"d{d}"], "value": [d]}, schema=SCHEMA))
+    data_file = sorted((tmp_path / "lance" / "damaged.lance" / "data").iterdir())[3]
+    data_file.unlink()  # a data file lost behind LanceDB's back
+    before = _rows(store)
+    reports = {r["table"]: r for r in lance_maintenance.compact_tables(store)}
+    assert reports["damaged"]["decision"].startswith("failed: ") and "Not found" in reports["damaged"]["decision"]
+    assert reports["rows"]["decision"] == "compacted" and _rows(store).equals(before)

@@ -41,27 +41,22 @@ def _disk_bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
 
-def _shape(store: VectorStore, name: str) -> tuple[int, int, int]:
-    """(fragments, versions, bytes on disk, old versions' files included) of a table."""
+def _shape(store: VectorStore, name: str) -> tuple[int, int, int, int]:
+    """(fragments, small fragments, versions, bytes on disk with old versions' files) of a table."""
     table = store.db.open_table(name)
-    return (int(table.stats()["fragment_stats"]["num_fragments"]), len(table.list_versions()),
+    fragments = table.stats()["fragment_stats"]
+    return (int(fragments["num_fragments"]), int(fragments["num_small_fragments"]), len(table.list_versions()),
             _disk_bytes(Path(store.table_uri(name))))
 
 
-def needs_compaction(table) -> bool:
-    stats = table.stats()
-    return (stats["fragment_stats"]["num_small_fragments"] >= SMALL_FRAGMENTS
-            or len(table.list_versions()) >= VERSIONS)
-
-
 def compact_table(store: VectorStore, name: str) -> TableCompaction:
-    table = store.db.open_table(name)
-    fragments, versions, size = _shape(store, name)
+    fragments, small, versions, size = _shape(store, name)
     result = TableCompaction(name, "current", fragments, fragments, versions, versions, size, size)
+    table = store.db.open_table(name)
     if table.list_indices():
         result.decision = "indexed: left to search_indexes"
         return result
-    if not needs_compaction(table):
+    if small < SMALL_FRAGMENTS and versions < VERSIONS:
         return result
     started = time.perf_counter()
     try:
@@ -70,7 +65,7 @@ def compact_table(store: VectorStore, name: str) -> TableCompaction:
         result.decision = f"failed: {type(error).__name__}: {error}"
         return result
     result.seconds = round(time.perf_counter() - started, 3)
-    result.fragments_after, result.versions_after, result.bytes_after = _shape(store, name)
+    result.fragments_after, _, result.versions_after, result.bytes_after = _shape(store, name)
     result.decision = "compacted"
     return result
 
