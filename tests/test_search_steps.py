@@ -106,3 +106,25 @@ def test_chunk_rows_of_the_former_layout_lose_their_score_columns_and_keep_their
     assert "pagerank" not in table.schema.names and "in_skeleton" not in table.schema.names
     assert all(s.present for s in lance_indexes.chunk_index_states(vectors).values())
     assert "delta.md" in " ".join(vectors.sources()["relative_path"].to_list())
+
+
+def test_the_corpus_sensor_runs_search_indexes_alone_once_per_setting(tiny_corpus, home, instance):
+    from orchestration.definitions import build_definitions
+    from orchestration.sensors import corpus_index_sensor
+
+    def tick(settings):
+        defs = build_definitions(settings)
+        with dg.build_sensor_context(instance=instance, resources=defs.resources,
+                                     repository_def=defs.get_repository_def()) as context:
+            return corpus_index_sensor.evaluate_tick(context)
+
+    _ingest(tiny_corpus, instance, home)
+    settings = Settings.from_env(home=home, inbox=tiny_corpus)
+    assert tick(settings).skip_message.startswith("corpus index is current")
+    requests = {}
+    for threshold in (1, 2):
+        [request] = tick(settings.with_(lance_threshold=threshold)).run_requests
+        assert request.asset_selection == [dg.AssetKey(SEARCH_INDEXES)]
+        assert "-search-" in request.run_key
+        requests[threshold] = request.run_key
+    assert requests[1] != requests[2]  # another setting is another request, never deduplicated away
