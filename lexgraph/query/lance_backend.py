@@ -322,17 +322,15 @@ def top(rows: np.ndarray, scores: np.ndarray, depth: int) -> Hits:
 def fuse(rankings: list[tuple[np.ndarray, np.ndarray, float]], fusion: str, depth: int, rrf_k: float) -> Hits:
     """retrieval.score_fusion or reciprocal_rank_fusion (then _expand's drop of non-positive scores) on
     (rows, scores, weight) hits instead of arrays of N: the same fused scores, best first."""
+    from lexgraph.query.retrieval import rank_shares, score_shares
+
     parts_rows, parts_scores = [], []
     for rows, scores, weight in rankings:
         rows, scores = top(rows, scores, depth)
         if not len(rows):
             continue
-        if fusion == "score":
-            first, floor = scores[0], scores[-1]
-            span = first - floor if first > floor else 1.0
-            parts_scores.append(weight * (scores - floor) / span + weight * 1e-6)
-        else:
-            parts_scores.append(weight / (rrf_k + np.arange(1, len(rows) + 1)))
+        parts_scores.append(score_shares(scores, weight) if fusion == "score" else
+                            rank_shares(len(rows), weight, rrf_k))
         parts_rows.append(rows)
     if not parts_rows:
         return np.zeros(0, dtype=np.int64), np.zeros(0)

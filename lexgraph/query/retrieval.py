@@ -12,7 +12,6 @@ fusion and graph expansion plain array arithmetic. No Dagster here (DESIGN.md §
 from __future__ import annotations
 
 import re
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -33,8 +32,6 @@ from lexgraph.storage.vector_store import KEYWORDS, VectorStore
 
 METHODS = ("dense", "bm25", "keyword", "hybrid", "statement", "entity", "path")
 DEFAULT_TOP_N = 50
-# the lance backend's clause retrievals, shared by every retriever (its tasks never submit to it)
-_CLAUSE_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lance-clause")
 PREFETCH_ROWS = 40  # the lance backend's hybrid ranking: rows read ahead in one take for the context
 _TOKEN = re.compile(r"[^\W_]+")
 # "WolfgangSchulz" (a chat speaker) and "Wolfgang" (in the question) must meet: split camel case.
@@ -362,12 +359,25 @@ def ranks_of(scores: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
     return best, np.arange(1, len(best) + 1)
 
 
+def rank_shares(count: int, weight: float, k: float) -> np.ndarray:
+    """What a channel's `count` best hits (best first) add to reciprocal rank fusion: weight / (k + rank)."""
+    return weight / (k + np.arange(1, count + 1))
+
+
+def score_shares(scores: np.ndarray, weight: float) -> np.ndarray:
+    """What a channel's best hits (their scores, best first) add to score fusion: weight × their place between
+    the last (0) and the first (1), plus a floor share so that the last still counts."""
+    first, floor = scores[0], scores[-1]
+    span = first - floor if first > floor else 1.0
+    return weight * (scores - floor) / span + weight * 1e-6
+
+
 def reciprocal_rank_fusion(rankings: Sequence[tuple[np.ndarray, float]], size: int, k: float, depth: int) -> np.ndarray:
     """Σ weight / (k + rank) over channels: robust to channels whose scores are on other scales."""
     fused = np.zeros(size)
     for scores, weight in rankings:
-        rows, ranks = ranks_of(scores, depth)
-        fused[rows] += weight / (k + ranks)
+        rows, _ = ranks_of(scores, depth)
+        fused[rows] += rank_shares(len(rows), weight, k)
     fused[fused == 0] = -np.inf
     return fused
 
@@ -379,9 +389,7 @@ def score_fusion(rankings: Sequence[tuple[np.ndarray, float]], size: int, depth:
     for scores, weight in rankings:
         rows, _ = ranks_of(scores, depth)
         if len(rows):
-            top, floor = scores[rows[0]], scores[rows[-1]]
-            span = top - floor if top > floor else 1.0
-            fused[rows] += weight * (scores[rows] - floor) / span + weight * 1e-6
+            fused[rows] += score_shares(scores[rows], weight)
     fused[fused == 0] = -np.inf
     return fused
 
@@ -464,12 +472,7 @@ class Retriever:
             self.index.chunks.fetch(rows[:PREFETCH_ROWS])  # what the context reads first: one take
             return spread(self.index.size, rows, values)
         vectors = self.embed_many(texts)
-        if lance is not None and parts:
-            # LanceDB queries run outside the GIL: the clauses side by side (a 2-clause question at 1M synthetic
-            # chunks: 286 ms against 438 ms one after another)
-            per_text = list(_CLAUSE_POOL.map(self._fuse, texts, vectors))
-        else:
-            per_text = [self._fuse(text, vector) for text, vector in zip(texts, vectors)]
+        per_text = [self._fuse(text, vector) for text, vector in zip(texts, vectors)]
         rankings = per_text[0]
         for ranking in per_text[1:]:
             rankings += [(s, w * p.decompose_weight / len(parts)) for s, w in ranking]

@@ -137,11 +137,15 @@ class QueryService:
         """(signature, catalog): the signature changes whenever ingestion or a corpus update changes what
         queries read; the catalog (doc_id -> content hash) is kept with the engine loaded from it."""
         catalog = VectorStore(self.settings.lance_uri).indexed_hashes()
-        corpus = Path(self.settings.index_dir) / "corpus"
-        # the search indexes' refresh may compact the chunk table (new row ids): the lance backend reloads then
-        stamps = [p.stat().st_mtime_ns if p.exists() else 0
-                  for p in (corpus / "built_from.json", lance_indexes.state_path(corpus))]
+        stamps = self._corpus_stamps()
         return f"{catalog_digest(catalog)}|{stamps[0]}|{stamps[1]}", catalog
+
+    def _corpus_stamps(self) -> tuple[int, int]:
+        """When built_from.json and the search indexes' state were last written (0: absent). The search indexes'
+        refresh may compact the chunk table (new row ids): the lance backend reloads then."""
+        corpus = Path(self.settings.index_dir) / "corpus"
+        return tuple(p.stat().st_mtime_ns if p.exists() else 0
+                     for p in (corpus / "built_from.json", lance_indexes.state_path(corpus)))
 
     def engine(self) -> QueryEngine:
         """The loaded engine; a changed index is loaded beside it while questions go on being answered by
@@ -175,13 +179,11 @@ class QueryService:
         """When each table and corpus file a query reads was last written (a new LanceDB version adds a
         manifest to the table's _versions folder): a few stats instead of reading the catalog, which takes
         ~0.1 s at 50,000 documents. None where a folder is missing: then the catalog is read."""
-        lance, corpus = Path(self.settings.lance_uri), Path(self.settings.index_dir) / "corpus"
+        lance = Path(self.settings.lance_uri)
         versions = [lance / f"{name}.lance" / "_versions" for name in ("sources", "chunks")]
         if not all(v.is_dir() for v in versions):
             return None
-        files = (corpus / "built_from.json", lance_indexes.state_path(corpus))
-        return tuple(p.stat().st_mtime_ns for p in versions) + tuple(
-            p.stat().st_mtime_ns if p.exists() else 0 for p in files)
+        return tuple(p.stat().st_mtime_ns for p in versions) + self._corpus_stamps()
 
     def warm(self) -> threading.Thread:
         """Load the engine in a background thread (what `lexgraph serve` starts with, so the index, the model
@@ -269,7 +271,7 @@ class QueryService:
         response = self._response(query_id, question, retrieval, answer)
         catalog = engine.catalog
         record = {**response, "asked_at": log_line["at"], "log": log_line,
-                  "index": getattr(engine, "identity", None) or index_identity(self.settings, catalog),
+                  "index": engine.identity,
                   "citations": citation_provenance(self.settings, answer.citations, catalog)}
         response["provenance"] = {k: record[k] for k in ("asked_at", "index")} | {
             "route_reason": log_line["reason"], "answerer": answer.answerer, "evidence_items": len(retrieval.context.items),
