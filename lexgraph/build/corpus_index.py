@@ -359,8 +359,8 @@ def _generation(path: Path) -> str | None:
     return value.decode() if value else None
 
 
-def _problem(path: Path, error: BaseException) -> str:
-    return f"{path.name} unreadable ({(str(error).splitlines() or [type(error).__name__])[0][:120]})"
+def _problem(name: str, error: BaseException) -> str:
+    return f"{name} unreadable ({(str(error).splitlines() or [type(error).__name__])[0][:120]})"
 
 
 def _load_knn(files: CorpusFiles) -> tuple[SavedKnn | None, str]:
@@ -375,7 +375,7 @@ def _load_knn(files: CorpusFiles) -> tuple[SavedKnn | None, str]:
         except FileNotFoundError:
             return None, f"{path.name} missing"
         except (Exception, pl.exceptions.PanicException) as error:  # a damaged file: rebuild rather than trust it
-            return None, _problem(path, error)
+            return None, _problem(path.name, error)
     if len(set(generations.values())) != 1 or None in generations.values():
         return None, "knn_corpus.parquet and knn_state.parquet are of different saves (torn by a crash)"
     [generation] = set(generations.values())
@@ -383,7 +383,7 @@ def _load_knn(files: CorpusFiles) -> tuple[SavedKnn | None, str]:
         corpus = pq.read_table(files.knn_corpus)
         settings = json.loads(corpus.column("settings")[0].as_py()) if corpus.num_rows else {}
     except (Exception, pl.exceptions.PanicException) as error:
-        return None, _problem(files.knn_corpus, error)
+        return None, _problem(files.knn_corpus.name, error)
     if not settings:
         return None, "the saved state holds no chunks"
     if settings.get("format") == KNN_FORMAT and not files.knn_vocabulary.exists():
@@ -398,7 +398,7 @@ def _load_knn(files: CorpusFiles) -> tuple[SavedKnn | None, str]:
     except ValueError as error:
         return None, f"saved state refused: {error}"
     except (Exception, pl.exceptions.PanicException) as error:
-        return None, f"saved state unreadable ({(str(error).splitlines() or [type(error).__name__])[0][:120]})"
+        return None, _problem("saved state", error)
     if saved is None:
         return None, "knn_vocabulary.parquet is of another save (a crash between the writes)"
     try:
@@ -574,14 +574,6 @@ def edge_diff(before: pl.DataFrame, after: pl.DataFrame) -> tuple[pl.DataFrame, 
     return removed, added, reweighted
 
 
-def _similar_count(graph) -> int:
-    return graph.edge_count("SIMILAR", "Chunk", "Chunk")
-
-
-def _link_count(graph) -> int:
-    return graph.edge_count("KEYWORD_IN", "Keyword", "Chunk")
-
-
 def write_similarity_edges(files: CorpusFiles, graph, result: KnnResult) -> dict:
     """Bring the graph's SIMILAR edges to `result.edges`, writing only the difference from the edges it
     holds: the previous save's edges, less those of chunks reloaded since (a reload deletes a chunk with
@@ -602,17 +594,17 @@ def write_similarity_edges(files: CorpusFiles, graph, result: KnnResult) -> dict
             reweighted = reweighted.filter(~touches_lost)
             restored = target.filter(touches_lost).join(added, on=EDGE_KEY, how="anti").join(reweighted, on=EDGE_KEY,
                                                                                              how="anti")
-        before = _similar_count(graph)
+        before = graph.count("SIMILAR")
         graph.delete_similarity_edges(pl.concat([removed, reweighted]).select(EDGE_KEY))
-        deleted = before - _similar_count(graph)  # edges of chunks deleted with their document are gone already
+        deleted = before - graph.count("SIMILAR")  # edges of chunks deleted with their document are gone already
         graph.add_similarity_edges(pl.concat([added, reweighted, restored]))
         figures.update(similar_edges_added=added.height + restored.height, similar_edges_removed=deleted - reweighted.height,
                        similar_edges_updated=reweighted.height, similar_edges_restored=restored.height)
-        if _similar_count(graph) == target.height:
+        if graph.count("SIMILAR") == target.height:
             _write_json(files.similar_synced, {"generation": result.generation})
             return figures
         figures["similar_edges_mismatch"] = True  # the graph held something else: write it whole
-    before = _similar_count(graph)
+    before = graph.count("SIMILAR")
     graph.replace_similarity_edges(target)
     figures.update(similar_edges_added=target.height, similar_edges_removed=before, similar_edges_updated=0,
                    similar_edges_restored=0, similar_edges_rewritten=True)
@@ -822,7 +814,7 @@ def write_keyword_index(files: CorpusFiles, store: ExtractStore, graph, vectors,
             and _keyword_vector_diff(vectors, result, figures):
         _write_json(files.keywords_synced, {"generation": result.generation})
         return figures
-    before_links, before_vectors = _link_count(graph), vectors.count("keywords")
+    before_links, before_vectors = graph.count("KEYWORD_IN"), vectors.count("keywords")
     links = keyword_chunk_links(store, sorted(result.link_counts))
     graph.replace_keywords(result.index["keyword"], links)
     vectors.replace_keywords(kw.keyword_vectors(result.index))
@@ -837,15 +829,15 @@ def write_keyword_index(files: CorpusFiles, store: ExtractStore, graph, vectors,
 def _keyword_graph_diff(store: ExtractStore, graph, result: KeywordIndexResult, figures: dict) -> bool:
     """Write the graph's share of the difference; False when the graph does not add up afterwards."""
     old, new = set(result.previous_keywords), set(result.index["keyword"].to_list())
-    start = _link_count(graph)
+    start = graph.count("KEYWORD_IN")
     graph.delete_keywords(sorted(old - new))
     graph.add_keywords(sorted(new - old))
     graph.delete_keyword_links(result.link_docs + result.removed)
-    deleted = start - _link_count(graph)
+    deleted = start - graph.count("KEYWORD_IN")
     graph.add_keyword_links(result.links)
     written = result.links.height
     expected = sum(result.link_counts.values())
-    if _link_count(graph) != expected:
+    if graph.count("KEYWORD_IN") != expected:
         # documents reloaded since the last update lost their chunks' links: find them and write them again
         held = graph.keyword_links_per_document()
         short = sorted(d for d, n in result.link_counts.items() if held.get(d, 0) != n)
@@ -857,7 +849,7 @@ def _keyword_graph_diff(store: ExtractStore, graph, result: KeywordIndexResult, 
         figures["keyword_docs_restored"] = len(short)
     figures.update(keywords_added=len(new - old), keywords_removed=len(old - new), keyword_links_written=written,
                    keyword_links_deleted=deleted)
-    return _link_count(graph) == expected and graph.count("Keyword") == len(new)
+    return graph.count("KEYWORD_IN") == expected and graph.count("Keyword") == len(new)
 
 
 def _keyword_vector_diff(vectors, result: KeywordIndexResult, figures: dict) -> bool:

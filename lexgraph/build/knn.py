@@ -537,7 +537,6 @@ class KnnGraph:
         self.chunk_ids = np.zeros(0, dtype=str)
         self._neighbors = np.full((0, k), _EMPTY, dtype=np.int64)
         self._sims = np.zeros((0, k))
-        self._edge_keys: tuple[np.ndarray, np.ndarray] | None = None  # undirected(), until the lists change
         self.last_update = KnnUpdate(0, 0, 0, 0)
 
     def __len__(self) -> int:
@@ -580,7 +579,6 @@ class KnnGraph:
         neighbors[old_to_new[live]] = np.where(moved < 0, _EMPTY, np.where(target < 0, _GONE, target))
         sims[old_to_new[live]] = self._sims[live]
         self.chunk_ids, self._neighbors, self._sims = chunk_ids, neighbors, sims
-        self._edge_keys = None
 
     def _refresh(self, changed: np.ndarray, added: int, removed: int) -> KnnUpdate:
         """Search afresh every list that may hold stale entries; offer the changed chunks to all others.
@@ -605,7 +603,6 @@ class KnnGraph:
         return rows[r], self._neighbors[rows[r], slot], self._sims[rows[r], slot]
 
     def _set_rows(self, rows: np.ndarray, candidates: Triples) -> None:
-        self._edge_keys = None
         self._neighbors[rows] = _EMPTY
         self._sims[rows] = 0.0
         r, c, s, rank = _top_k(*candidates, self.k)
@@ -649,7 +646,6 @@ class KnnGraph:
         self.chunk_ids = saved.chunk_ids
         self._neighbors = saved.neighbors.astype(np.int64)
         self._sims = np.array(saved.sims, dtype=np.float64)
-        self._edge_keys = None
         if bool(keep.all()):
             self.last_update = KnnUpdate(0, 0, 0, 0)
             return
@@ -696,17 +692,9 @@ class KnnGraph:
             schema=STATE_SCHEMA,
         )
 
-    def undirected(self) -> tuple[np.ndarray, np.ndarray]:
-        """Each undirected pair once, as sorted keys low * len + high, with its weight (kept until the lists change)."""
-        if self._edge_keys is None:
-            self._edge_keys = _undirected(self._neighbors, self._sims)
-        return self._edge_keys
-
     def edges(self) -> pl.DataFrame:
         """Undirected similarity edges (src < dst), weight = the larger of the two directions' sims."""
-        keys, weights = self.undirected()
-        src, dst = np.divmod(keys, max(len(self), 1))
-        return _edge_frame(self.chunk_ids, src, dst, self.kind, weights)
+        return edges_of(self.lists(), self.kind)
 
 
 def _edge_frame(chunk_ids: np.ndarray, src: np.ndarray, dst: np.ndarray, kind: str, weights: np.ndarray) -> pl.DataFrame:
