@@ -160,3 +160,13 @@ def test_folder_without_tokenizer_file_uses_the_transformers_tokenizer(tmp_path,
     assert embedder.token_spans(texts[6]) == light.token_spans(texts[6])
     for name, array in embedder.features(texts[3:8]).items():
         assert np.array_equal(array, light.features(texts[3:8])[name]), name
+
+
+def test_damaged_tokenizer_configuration_and_an_unknown_padding_token_are_named(tmp_path):
+    folder = copy_model(tmp_path)
+    (folder / "tokenizer_config.json").write_text('{"pad_token": ')  # a torn write
+    with pytest.raises(ModelFilesError, match=r"model copy/tokenizer_config\.json: unreadable tokenizer configuration"):
+        Embedder(str(folder), backend="onnx", onnx_cache=tmp_path / "cache")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"pad_token": "[NOT-IN-VOCAB]"}))
+    with pytest.raises(ModelFilesError, match=r"the padding token '\[NOT-IN-VOCAB\]' is not in the tokenizer's vocabulary"):
+        Embedder(str(folder), backend="onnx", onnx_cache=tmp_path / "cache")
