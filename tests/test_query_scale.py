@@ -6,6 +6,7 @@ index falls back to flat search and says so, the graph route falls back to seman
 appended after the build are found and folded in by the refresh, and bad settings exit 2."""
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
@@ -339,3 +340,18 @@ def _service(home) -> QueryService:
     if home not in _SERVICES:
         _SERVICES[home] = QueryService(Settings.from_env(home=home), use_llm=False)
     return _SERVICES[home]
+
+
+def test_nprobes_covers_a_share_of_the_partitions_and_never_less_than_the_floor(pair):
+    from dataclasses import replace
+
+    from lexgraph.query.lance_backend import LanceSearch
+    from lexgraph.storage import lance_indexes as li
+
+    search = pair[1].index.lance
+    partitions = li.ann_partitions(search.states[li.ANN_INDEX].indexed)
+    assert search.nprobes == max(search.params.nprobes, math.ceil(search.params.probe_share * partitions))
+    floor = LanceSearch(search.store, search.rows, replace(search.params, nprobes=1, probe_share=0.5))
+    assert floor.nprobes == math.ceil(0.5 * partitions) > 1  # the share wins over a lower floor
+    share = LanceSearch(search.store, search.rows, replace(search.params, nprobes=7, probe_share=0.0))
+    assert share.nprobes == 7
