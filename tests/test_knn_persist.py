@@ -130,6 +130,8 @@ def _truncate(path):
     ("vocabulary_of_another_save", "knn_vocabulary.parquet is of another save"),
     ("other_k", "saved with k=4 mode=exact, now k=5 mode=exact"),
     ("neighbour_out_of_range", "saved state refused: the saved lists name positions outside"),
+    ("neighbour_is_itself", "saved state refused: a saved list names its own chunk"),
+    ("similarity_not_finite", "saved state refused: the saved similarities are not all finite"),
     ("unknown_format", "saved in format 99"),
 ])
 def test_a_damaged_torn_or_foreign_state_is_rebuilt_with_the_reason(tmp_path, damage, reason):
@@ -155,6 +157,15 @@ def test_a_damaged_torn_or_foreign_state_is_rebuilt_with_the_reason(tmp_path, da
         table = pq.read_table(files.knn_state)
         frame = pl.from_arrow(table).with_columns(pl.col("semantic_neighbors").list.eval(pl.element() + 10_000))
         ci._write_table(files.knn_state, frame.to_arrow().replace_schema_metadata(table.schema.metadata))
+    elif damage in ("neighbour_is_itself", "similarity_not_finite"):
+        table = pq.read_table(files.knn_state)
+        frame = pl.from_arrow(table).with_row_index("row")
+        frame = (frame.with_columns(pl.concat_list(pl.col("row").cast(pl.Int32), pl.col("semantic_neighbors").list.slice(1))
+                                    .alias("semantic_neighbors")) if damage == "neighbour_is_itself" else
+                 frame.with_columns(pl.concat_list(pl.lit(float("nan")), pl.col("semantic_sims").list.slice(1))
+                                    .alias("semantic_sims")))
+        frame = frame.drop("row")
+        ci._write_table(files.knn_state, frame.to_arrow().cast(table.schema).replace_schema_metadata(table.schema.metadata))
     elif damage == "unknown_format":
         table = pq.read_table(files.knn_corpus)
         frame = pl.from_arrow(table).with_columns(pl.lit(json.dumps({"k": 4, "mode": "exact", "format": 99})).alias("settings"))
