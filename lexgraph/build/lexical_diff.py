@@ -91,13 +91,14 @@ def keyed_rows(tables: dict[str, pl.DataFrame]) -> dict[str, pl.DataFrame]:
     pairs = relations.select(pl.col("source").replace_strict(ids, default=None, return_dtype=pl.String).alias("_a"),
                              pl.col("target").replace_strict(ids, default=None, return_dtype=pl.String).alias("_b"))
     pair = (pl.when(pl.col("_a").is_not_null() & pl.col("_b").is_not_null() & (pl.col("_a") != pl.col("_b")))
-            .then(pl.concat_str(pl.min_horizontal("_a", "_b"), pl.lit("|"), pl.max_horizontal("_a", "_b"))))
+            .then(_pair_of("_a", "_b")))
     relations = relations.with_columns(pairs.select(pair.alias(PAIR)).to_series())
     return {ENTITIES: entities, FACTS: facts, RELATIONS: relations}
 
 
-def _edge_pair(frame: pl.DataFrame) -> pl.Expr:
-    return pl.concat_str(pl.min_horizontal("from", "to"), pl.lit("|"), pl.max_horizontal("from", "to"))
+def _pair_of(a: str, b: str) -> pl.Expr:
+    """The unordered pair of two id columns, as one string (a relation's resolution key)."""
+    return pl.concat_str(pl.min_horizontal(a, b), pl.lit("|"), pl.max_horizontal(a, b))
 
 
 # --- frames --------------------------------------------------------------------------------------------------
@@ -108,9 +109,9 @@ def global_frames(nodes: dict[str, pl.DataFrame], edges: dict[str, pl.DataFrame]
             "merges": merges}
 
 
-def _within(column: str, values: pl.Series | list) -> pl.Expr:
+def _within(column: str | pl.Expr, values: pl.Series | list) -> pl.Expr:
     values = values if isinstance(values, pl.Series) else pl.Series(values, dtype=pl.String)
-    return pl.col(column).is_in(values.implode())
+    return (pl.col(column) if isinstance(column, str) else column).is_in(values.implode())
 
 
 def anchored_global(frames: dict) -> dict[str, pl.DataFrame]:
@@ -282,7 +283,7 @@ def splice_frames(old: dict, touched: dict, entity_ids: set, fact_ids: set, pair
         "Fact": swap(old["Fact"], _within("id", fact_ids), touched["Fact"]).sort("id"),
         "SUBJECT": swap(old["SUBJECT"], _within("to", fact_ids), touched["SUBJECT"]).sort("to", "from"),
         "OBJECT": swap(old["OBJECT"], _within("to", fact_ids), touched["OBJECT"]).sort("to", "from"),
-        "RELATED": swap(old["RELATED"], _edge_pair(old["RELATED"]).is_in(pl.Series(list(pairs), dtype=pl.String).implode()), touched["RELATED"]).sort("from", "to"),
+        "RELATED": swap(old["RELATED"], _within(_pair_of("from", "to"), pairs), touched["RELATED"]).sort("from", "to"),
         "merges": swap(old["merges"], _within("entity_id", entity_ids), touched["merges"])
         .sort("entity_id", "surface_form"),
     }

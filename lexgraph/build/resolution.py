@@ -171,16 +171,12 @@ def entity_id(name: str) -> str:
     key = entity_key(name)
     if not key:
         raise ValueError("an entity needs a non-blank name")
-    return _entity_id_of_key(key)
-
-
-def _entity_id_of_key(key: str) -> str:
-    return f"ent-{short_hash(key, ID_LENGTH)}"
+    return entity_id_of_key(key)
 
 
 def entity_id_of_key(key: str) -> str:
     """The entity id of a key made by :func:`normalise_entity_name` (or :func:`entity_key`)."""
-    return _entity_id_of_key(key)
+    return f"ent-{short_hash(key, ID_LENGTH)}"
 
 
 def normalise_predicate(predicate: str) -> str:
@@ -203,7 +199,7 @@ def fact_id_of_key(key: str) -> str:
 
 def fact_id(subject: str, predicate: str, object: str) -> str:
     """The Fact node's id: the same fact from two sources (any case, article or legal suffix) is one id."""
-    return f"fact-{short_hash(fact_key(subject, predicate, object), ID_LENGTH)}"
+    return fact_id_of_key(fact_key(subject, predicate, object))
 
 
 # -- merge reasons ----------------------------------------------------------------------------
@@ -332,7 +328,7 @@ def resolve_entities(frame: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
             groups[key].append(row)
     entity_rows, merge_rows = [], []
     for key, rows in groups.items():
-        identifier = _entity_id_of_key(key)
+        identifier = entity_id_of_key(key)
         cleaned = Counter(_clean(names[row]) for row in rows)
         canonical = _most_common(cleaned)
         kinds = Counter(_clean(types[row]).casefold() for row in rows)
@@ -400,7 +396,7 @@ def resolve_facts(frame: pl.DataFrame) -> pl.DataFrame:
             "subject": _most_common(Counter(_clean(subjects[row]) for row in rows)),
             "predicate": _most_common(Counter(_clean(predicates[row]) for row in rows)),
             "object": _most_common(Counter(_clean(objects[row]) for row in rows)),
-            "subject_entity_id": _entity_id_of_key(subject_key), "object_entity_id": _entity_id_of_key(object_key),
+            "subject_entity_id": entity_id_of_key(subject_key), "object_entity_id": entity_id_of_key(object_key),
             "statement_ids": statement_ids, "chunk_ids": sorted({chunks[row] for row in rows if chunks[row]}),
             "doc_ids": doc_ids, "support_count": len(statement_ids), "doc_count": len(doc_ids),
             **{f"{column}s": sorted({values[row] for row in rows if values[row]})
@@ -440,7 +436,7 @@ def resolve_relations(frame: pl.DataFrame) -> pl.DataFrame:
         source, target, predicate = key_of(sources[row]), key_of(targets[row]), normalise_predicate(predicates[row])
         if not (source and target and predicate) or source == target:
             continue
-        first, second = _entity_id_of_key(source), _entity_id_of_key(target)
+        first, second = entity_id_of_key(source), entity_id_of_key(target)
         if predicate == CO_OCCURRENCE and second < first:
             first, second = second, first
         groups[(first, second)].append(row)

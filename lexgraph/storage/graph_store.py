@@ -175,10 +175,13 @@ class GraphStore:
         found = self.query("MATCH (c:Chunk) WHERE NOT EXISTS { MATCH (c)-[:SIMILAR]-(:Chunk) } RETURN c.id AS id")
         return found["id"].to_list() if found.height else []
 
-    def edge_count(self, rel: str, source: str, target: str) -> int:
-        """Edges of a rel table whose two nodes exist. Not count(r): after DETACH DELETE, Kùzu 0.11 still
-        counts some edges to deleted nodes that no query returns."""
-        found = self.query(f"MATCH (a:{source})-[r:{rel}]->(b:{target}) WITH a.id AS s, b.id AS d RETURN count(*) AS n")
+    def edge_count(self, rel: str, source: str = "", target: str = "", where: str = "",
+                   params: dict | None = None) -> int:
+        """Edges of a rel table whose two nodes exist (those matching `where`, on nodes `a` and `b`). Not
+        count(r): after DETACH DELETE, Kùzu 0.11 still counts some edges to deleted nodes that no query returns."""
+        a, b = f"a:{source}" if source else "a", f"b:{target}" if target else "b"
+        found = self.query(f"MATCH ({a})-[r:{rel}]->({b}) {f'WHERE {where} ' if where else ''}"
+                           "WITH a.id AS s, b.id AS d RETURN count(*) AS n", params)
         return int(found["n"][0]) if found.height else 0
 
     def _recreate(self, *tables: str) -> None:
@@ -301,10 +304,7 @@ class GraphStore:
         """EXTRACTED_FROM or BELONGS_TO edges of these documents' statements (counted through both nodes)."""
         if not doc_ids:
             return 0
-        source, target = LEXICAL_RELS[rel]
-        found = self.query(f"MATCH (a:{source})-[r:{rel}]->(b:{target}) WHERE a.doc_id IN $ids "
-                           "WITH a.id AS s, b.id AS d RETURN count(*) AS n", {"ids": doc_ids})
-        return int(found["n"][0]) if found.height else 0
+        return self.edge_count(rel, *LEXICAL_RELS[rel], where="a.doc_id IN $ids", params={"ids": doc_ids})
 
     def _copy(self, table: str, frame: pl.DataFrame) -> None:
         if frame.height:
@@ -322,6 +322,4 @@ class GraphStore:
             return 0
         if table[0].isupper() and not table.isupper():
             return int(self.conn.execute(f"MATCH (n:{table}) RETURN count(n)").get_next()[0])
-        # a rel table counted through its endpoints, never count(r): see edge_count
-        found = self.conn.execute(f"MATCH (a)-[r:{table}]->(b) WITH a.id AS s, b.id AS d RETURN count(*)")
-        return int(found.get_next()[0])
+        return self.edge_count(table)  # through its endpoints, never count(r)
