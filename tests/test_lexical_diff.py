@@ -265,3 +265,22 @@ def test_a_change_to_most_documents_is_rebuilt(index, tmp_path, monkeypatch):
     assert result.mode == "rebuild" and "a rebuild is cheaper" in result.reason
     assert_same(index.snapshot(), from_scratch(index, tmp_path))
     assert index.build().mode == "diff"
+
+
+def test_vector_rows_lost_behind_the_builds_back_are_found_and_restored(index, tmp_path):
+    """The saved signatures stand for the stored vectors only while the row counts agree: a lost statement
+    row makes the diff scan the table (and rewrite that document), a lost entity row replaces the table."""
+    index.put("alpha.md", DOCS["alpha.md"])
+    index.put("beta.txt", DOCS["beta.txt"])
+    index.build()
+    alpha = document_id("alpha.md")
+    statements = index.vectors.db.open_table("statements")
+    lost = statements.search().where(f"doc_id = '{alpha}'").limit(1).to_list()[0]["statement_id"]
+    statements.delete(f"statement_id = '{lost}'")
+    entities = index.vectors.db.open_table("entities")
+    entities.delete(f"entity_id = '{entities.search().limit(1).to_list()[0]['entity_id']}'")
+    index.put("gamma.md", DOCS["gamma.md"])
+    result = index.build()
+    assert result.mode == "diff", result.reason
+    assert result.statement_vectors.startswith("scanned") and result.entity_vectors.startswith("replaced")
+    assert_same(index.snapshot(), from_scratch(index, tmp_path))
