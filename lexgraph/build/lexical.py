@@ -678,10 +678,7 @@ def upsert_entity_vectors(changed_nodes: pl.DataFrame, removed: list[str], expec
     known = (vectors.scan(ENTITY_VECTORS, ["entity_id", "text", "vector"], _in_list("entity_id", ids))
              if ids else pl.DataFrame())
     rows, tokens, seconds, new = _embed_rows(rows, "entity_id", "text", known, embedder)
-    if rows.height:
-        table.merge_insert("entity_id").when_matched_update_all().when_not_matched_insert_all().execute(
-            rows.to_arrow().cast(table.schema))
-    vectors.delete_rows(ENTITY_VECTORS, "entity_id", removed)
+    vectors.upsert_rows(ENTITY_VECTORS, "entity_id", rows, removed)
     if vectors.count(ENTITY_VECTORS) != expected_rows:
         return None
     return int(new.sum()), tokens, _entity_ledger(tokens, seconds, new, embedder, run_id)

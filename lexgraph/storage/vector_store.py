@@ -129,11 +129,15 @@ class VectorStore:
     def upsert_keywords(self, keywords: pl.DataFrame, removed: list[str]) -> None:
         """Insert or update these keyword vectors (keyword, vector, sentence_count) and delete the removed
         keywords; the table must exist (replace_keywords creates it)."""
-        table = self._table(KEYWORDS)
-        if keywords.height:
-            data = keywords.select("keyword", "sentence_count", "vector").to_arrow().cast(table.schema)
-            table.merge_insert("keyword").when_matched_update_all().when_not_matched_insert_all().execute(data)
-        self.delete_rows(KEYWORDS, "keyword", removed)
+        self.upsert_rows(KEYWORDS, "keyword", keywords.select("keyword", "sentence_count", "vector"), removed)
+
+    def upsert_rows(self, name: str, key: str, rows: pl.DataFrame, removed: list[str] = ()) -> None:
+        """Insert or update these rows of an existing table (matched on `key`), then delete the removed keys."""
+        if rows.height:
+            table = self._table(name)
+            data = rows.to_arrow().cast(table.schema)
+            table.merge_insert(key).when_matched_update_all().when_not_matched_insert_all().execute(data)
+        self.delete_rows(name, key, list(removed))
 
     def keyword_dimension(self) -> int | None:
         """Width of the stored keyword vectors (None before the table exists)."""
