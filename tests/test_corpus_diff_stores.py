@@ -151,3 +151,36 @@ def test_one_document_at_a_time_writes_diffs_that_end_as_a_full_build(tmp_path, 
     assert meta["rebuilt"] is True and meta["similar_edges_rewritten"] is True and meta["keywords_rewritten"] is True
 
     assert_same_as_a_build_from_nothing(home, inbox, tmp_path, instance)
+
+
+def test_every_document_changed_rewrites_the_keyword_graph_instead_of_diffing(tmp_path, instance, monkeypatch):
+    """A copied index home (`cp -r` gives every stats file a new time) marks every document changed; deleting
+    their links edge by edge in Kùzu ran for over 10 minutes at 100k chunks, so the stores are written whole."""
+    import os
+
+    from lexgraph.build import lexical_diff
+    from lexgraph.build.pipeline import KEYWORD_STATS
+    from lexgraph.storage.extract_store import ExtractStore
+
+    monkeypatch.setattr(lexical_diff, "REBUILD_MIN_DOCUMENTS", 2)  # the corpus here is tiny
+    inbox, home = tmp_path / "inbox", tmp_path / "home"
+    inbox.mkdir()
+    for name, text in DOCS.items():
+        (inbox / name).write_text(text)
+    ingest_folder(inbox, instance, home=str(home), progress=False, corpus=False)
+    run_corpus(home, inbox, instance)
+    before = snapshot(home)
+    store = ExtractStore(Settings.from_env(home=home).extract_dir)
+    for doc_id in store.doc_ids(KEYWORD_STATS):
+        path = store.path(KEYWORD_STATS, doc_id)
+        os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    meta = run_corpus(home, inbox, instance)
+    assert meta["keywords_rewritten"] is True and meta["keyword_docs_read"] == len(DOCS)
+    after = snapshot(home)
+    assert sorted(after.pop("links")) == sorted(before.pop("links")) and after == before
+    # one document changed of four is still a diff
+    (inbox / "delta.md").write_text("# Delta\n\nDana Frost met the Kiel harbour master about berth fees.\n")
+    ingest_folder(inbox, instance, home=str(home), progress=False, corpus=False)
+    meta = run_corpus(home, inbox, instance)
+    assert meta["keywords_rewritten"] is False and meta["keyword_docs_read"] == 1
+    assert_same_as_a_build_from_nothing(home, inbox, tmp_path, instance)

@@ -20,6 +20,7 @@ from lexgraph.extract import keywords as kw
 from lexgraph.faults import KEYWORD_INDEX, crash_point
 from lexgraph.ids import content_hash
 from lexgraph.storage.extract_store import ExtractStore
+from lexgraph.build.lexical_diff import rewrite_is_cheaper
 from lexgraph.build.knn import (DEFAULT_K, LEXICAL, SEMANTIC, AnnIndex, KnnUpdate, SavedLists, WordMatrix,
                                 edge_changes, edges_of, lexical_knn, lists_from_frame, semantic_knn, word_matrix)
 from lexgraph.build.pagerank import pagerank
@@ -803,13 +804,16 @@ def write_keyword_index(files: CorpusFiles, store: ExtractStore, graph, vectors,
     the vectors of keywords whose sums moved. Documents reloaded since (a reload deletes their chunks'
     links) are found by their link counts and written again. Everything is written instead when the
     stores are not known to hold the previous index (first build, a crash between the save and the
-    writes) or when the counts disagree afterwards. Returns what was written, for run metadata."""
+    writes), when more than a quarter of the documents changed (a restored backup with new file times, say)
+    or when the counts disagree afterwards. Returns what was written, for run metadata."""
     synced = _read_json(files.keywords_synced).get("generation")
     figures = {"keywords_added": 0, "keywords_removed": 0, "keyword_links_written": 0, "keyword_links_deleted": 0,
                "keyword_vectors_written": 0, "keyword_vectors_deleted": 0, "keyword_docs_read": result.docs_read,
                "keywords_rewritten": False}
     keywords = result.index["keyword"].to_list()
+    changed = len(result.link_docs) + len(result.removed)
     if result.previous_generation is not None and synced == result.previous_generation \
+            and not rewrite_is_cheaper(changed, len(result.link_counts) + len(result.removed)) \
             and _keyword_graph_diff(store, graph, result, figures) \
             and _keyword_vector_diff(vectors, result, figures):
         _write_json(files.keywords_synced, {"generation": result.generation})
