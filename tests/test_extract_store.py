@@ -9,7 +9,8 @@ import polars as pl
 import pytest
 
 from lexgraph.settings import Settings
-from lexgraph.storage.extract_store import CorruptExtractError, ExtractStore, parquet_problem, verify_extracts
+from lexgraph.storage.extract_store import (VERIFIED_FILE, CorruptExtractError, ExtractStore, parquet_problem,
+                                            verify_extracts)
 from lexgraph.storage.vector_store import VectorStore
 from tests.test_crash_recovery import assert_same_stores, store_snapshot
 
@@ -44,6 +45,54 @@ def test_truncated_file_is_named_when_read_and_found_by_verify(tmp_path):
 
     path.write_bytes(b"PAR1")  # too short to be anything
     assert "too short" in verify_extracts(store, ["doc-a"])["doc-a"]
+
+
+def _settled(path: Path) -> None:
+    """Date a file back a minute, as a file written by an earlier run (fresh ones are not recorded)."""
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns - 60 * 10**9))
+
+
+def test_verified_files_are_recorded_and_a_later_damage_is_still_found(tmp_path):
+    store = ExtractStore(tmp_path)
+    frame = pl.DataFrame({"chunk_id": [f"c{i}" for i in range(500)], "text": ["some text"] * 500})
+    a, b = store.write("chunks", "doc-a", frame), store.write("keywords", "doc-b", frame)
+    fresh = store.write("chunks", "doc-c", frame)
+    _settled(a), _settled(b)
+    assert verify_extracts(store, ["doc-a", "doc-b", "doc-c"]) == {}
+    assert set(store.read_verified()) == {"chunks/doc-a.parquet", "keywords/doc-b.parquet"}  # doc-c: too recent
+
+    # damaged after it was recorded: truncated (size changes), or a footer byte flipped in place (size kept)
+    _truncate(a)
+    data = bytearray(b.read_bytes())
+    data[-9] ^= 0xFF  # last byte of the footer's metadata
+    b.write_bytes(bytes(data))
+    _truncate(fresh)
+    problems = verify_extracts(store, ["doc-a", "doc-b", "doc-c"])
+    assert set(problems) == {"doc-a", "doc-b", "doc-c"}
+    assert str(a) in problems["doc-a"] and str(b) in problems["doc-b"] and "footer" in problems["doc-b"]
+    assert store.read_verified() == {}  # damaged files are not recorded as whole
+
+    # a file whose size and mtime are as recorded is not parsed again (what keeps the check cheap)
+    good = store.write("keywords", "doc-b", frame)
+    _settled(good)
+    assert verify_extracts(store, ["doc-b"]) == {}
+    recorded = good.stat()
+    good.write_bytes(b"PAR1" + b"\0" * (recorded.st_size - 8) + b"PAR1")
+    os.utime(good, ns=(recorded.st_atime_ns, recorded.st_mtime_ns))
+    assert verify_extracts(store, ["doc-b"]) == {}
+    assert "footer" in store.problems("doc-b")[good]  # the direct check still parses it
+
+
+@pytest.mark.parametrize("record", [b"", b"{not json", b"[1, 2]", b'{"files": [1]}',
+                                    b'{"files": {"chunks/doc-a.parquet": "whole"}}'])
+def test_a_damaged_record_is_ignored_and_everything_verified(tmp_path, record):
+    store = ExtractStore(tmp_path)
+    path = store.write("chunks", "doc-a", pl.DataFrame({"chunk_id": ["c1"] * 100}))
+    _truncate(path)
+    _settled(path)
+    (tmp_path / VERIFIED_FILE).write_bytes(record)
+    assert "truncated" in verify_extracts(store, ["doc-a"])["doc-a"]
 
 
 def _cli(home: Path, *args: str) -> tuple[int, str, str]:

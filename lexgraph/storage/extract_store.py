@@ -1,7 +1,9 @@
 """Per-document Extract output as Parquet: the stores are rebuilt from these files, never from LLM calls."""
 from __future__ import annotations
 
+import json
 import os
+import time
 from pathlib import Path
 from typing import Iterable
 
@@ -11,6 +13,12 @@ import pyarrow.parquet as pq
 from lexgraph.errors import FileProblem
 
 PARQUET_MAGIC = b"PAR1"
+# (size, mtime_ns) of the extract files verify_extracts found whole: a file whose stat still matches is not
+# parsed again (every write replaces a file or changes its mtime, so a damage changes its stat)
+VERIFIED_FILE = ".verified.json"
+# a file modified this recently is not recorded: a second write within the file system's timestamp
+# granularity could keep its size and mtime
+RECENT_NS = 2_000_000_000
 
 
 class CorruptExtractError(FileProblem):
@@ -109,19 +117,54 @@ class ExtractStore:
 
     def problems(self, doc_id: str, stages: Iterable[str] = ()) -> dict[Path, str]:
         """Corrupt files of one document (every stage folder), and missing ones among `stages`."""
+        return self._problems(doc_id, stages, self._folders(), {}, {})
+
+    def _folders(self) -> list[Path]:
+        return sorted(p for p in self.root.iterdir() if p.is_dir()) if self.root.exists() else []
+
+    def _problems(self, doc_id: str, stages: Iterable[str], folders: list[Path], verified: dict,
+                  whole: dict) -> dict[Path, str]:
+        """problems(), skipping the footer parse of files whose [size, mtime_ns] is as in `verified`; the
+        stat of each file found whole is put in `whole` (taken before the check: a write during it changes it).
+        Plain strings, not Paths, for the stats: this runs for every file of the index on every ingest."""
         found: dict[Path, str] = {}
-        if self.root.exists():
-            for folder in sorted(p for p in self.root.iterdir() if p.is_dir()):
-                path = folder / f"{doc_id}.parquet"
-                if path.exists():
-                    problem = parquet_problem(path)
-                    if problem is not None:
-                        found[path] = problem
+        present = set()
+        name = f"{doc_id}.parquet"
+        for folder in folders:
+            try:
+                stat = os.stat(f"{folder}/{name}")
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            present.add(folder.name)
+            key, stamp = f"{folder.name}/{name}", [stat.st_size, stat.st_mtime_ns]
+            if verified.get(key) != stamp:
+                problem = parquet_problem(folder / name)
+                if problem is not None:
+                    found[folder / name] = problem
+                    continue
+            whole[key] = stamp
         for stage in stages:
-            path = self.path(stage, doc_id)
-            if not path.exists():
-                found[path] = f"file is missing (no {stage} output for an indexed document)"
+            if stage not in present:
+                found[self.path(stage, doc_id)] = f"file is missing (no {stage} output for an indexed document)"
         return found
+
+    def read_verified(self) -> dict:
+        """The record of files found whole ({} when missing or unreadable: everything is verified)."""
+        try:
+            record = json.loads((self.root / VERIFIED_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        files = record.get("files") if isinstance(record, dict) else None
+        return files if isinstance(files, dict) else {}
+
+    def write_verified(self, files: dict) -> None:
+        target = self.root / VERIFIED_FILE
+        partial = target.with_suffix(f".{os.getpid()}.tmp")
+        try:
+            partial.write_text(json.dumps({"files": files}, separators=(",", ":")), encoding="utf-8")
+            os.replace(partial, target)
+        except OSError:  # only a cache: a read-only index verifies everything each time
+            partial.unlink(missing_ok=True)
 
     def remove_corrupt(self, doc_id: str) -> list[Path]:
         """Delete a document's truncated or damaged files (its re-ingestion writes them again)."""
@@ -149,11 +192,17 @@ class ExtractStore:
 
 def verify_extracts(store: ExtractStore, doc_ids: Iterable[str], stages: Iterable[str] = ()) -> dict[str, str]:
     """doc_id -> problem for each document with a truncated or damaged extract file (or a missing one of
-    `stages`). Reads only file ends and footers, so it is cheap enough for every ingest and sensor tick."""
+    `stages`). Reads the footers of only the files whose size or mtime changed since they were last found
+    whole (recorded in VERIFIED_FILE, of these documents only), so it costs a stat per file on every ingest."""
     stages = tuple(stages)
+    folders, verified, whole = store._folders(), store.read_verified(), {}
     found: dict[str, str] = {}
     for doc_id in doc_ids:
-        problems = store.problems(doc_id, stages)
+        problems = store._problems(doc_id, stages, folders, verified, whole)
         if problems:
             found[doc_id] = "; ".join(f"{path}: {problem}" for path, problem in problems.items())
+    settled = time.time_ns() - RECENT_NS
+    whole = {key: stamp for key, stamp in whole.items() if stamp[1] < settled}
+    if whole != verified and store.root.exists():
+        store.write_verified(whole)
     return found
