@@ -16,11 +16,13 @@ import time
 import dagster as dg
 import httpx
 import numpy as np
+import polars as pl
 import pytest
 
 from assets.search_indexes import search_indexes
 from lexgraph.cli import main as cli_main
 from lexgraph.extract.source_texts import source_text
+from lexgraph.ids import chunk_id
 from lexgraph.index import LexIndex
 from lexgraph.query.retrieval import Retriever, dense_scores, load_index, load_lance_index
 from lexgraph.query.service import QueryService
@@ -226,10 +228,36 @@ def test_keyword_links_are_updated_by_document_and_end_equal_to_a_rewrite(lance_
     (corpus / li.LINK_DOCS_FILE).write_bytes(record)
     li.update_keyword_links(store, corpus, li.DocumentLinks(smaller, read))
     assert _links_table(store) == expected(smaller)
+    # killed after adding documents, before the record's: the table holds links the record does not name, and
+    # the rerun leaves them once
+    record = (corpus / li.LINK_DOCS_FILE).read_bytes()
+    li.update_keyword_links(store, corpus, li.DocumentLinks(full, read))
+    (corpus / li.LINK_DOCS_FILE).write_bytes(record)
+    assert li.update_keyword_links(store, corpus, li.DocumentLinks(full, read))["documents_read"] == 2
+    assert _links_table(store) == everything
+    # a record of the former layout (one row per document and keyword) is read, and rewritten one row a document
+    per_document = pl.read_parquet(corpus / li.LINK_DOCS_FILE)
+    per_document.explode("keywords").rename({"keywords": "keyword"}).write_parquet(corpus / li.LINK_DOCS_FILE)
+    report = li.update_keyword_links(store, corpus, li.DocumentLinks(smaller, read))
+    assert report["keyword_links_mode"] == "diff" and report["documents_removed"] == 2
+    assert _links_table(store) == expected(smaller)
+    assert pl.read_parquet(corpus / li.LINK_DOCS_FILE).columns == ["doc_id", "hash", "keywords"]
     # a lost record: the table is rewritten whole, not trusted
     (corpus / li.LINK_DOCS_FILE).unlink()
     assert li.update_keyword_links(store, corpus, li.DocumentLinks(full, read))["keyword_links_mode"] == "rewritten"
     assert _links_table(store) == everything
+
+
+def test_a_documents_links_are_told_apart_whatever_its_chunk_order_width():
+    """The cheap slice for 5-digit chunk orders and the regex for longer ones drop the same links as the regex
+    alone, including a document whose name looks like a chunk id's tail."""
+    docs = ["memo.md-0badcafe", "memo-c00001-12345678.md-abcdef12", "x-c1-abcdef12"]
+    links = pl.DataFrame([{"keyword": f"k{order % 3}", "chunk_id": chunk_id(doc, order, f"{doc} {order}")}
+                          for doc in docs for order in (0, 7, 99_999, 100_000, 1_234_567)])
+    for drop in ([], docs[:1], docs[1:], docs):
+        kept = li._without_documents(links, drop).sort("chunk_id")
+        assert kept.equals(links.filter(~li._document_of(pl.col("chunk_id")).is_in(drop)).sort("chunk_id"))
+        assert kept.height == 5 * (len(docs) - len(drop))
 
 
 # -- the batched hybrid (one LanceDB query per channel for a question and its clauses) ------------------------

@@ -33,7 +33,8 @@ PQ_SUB_VECTORS = 48  # 8 dimensions each at 384-d: 48 bytes a vector in the inde
 STALE_SHARE = 0.05  # unindexed rows past this share of the table: optimize
 RETRAIN_FACTOR = 2.0  # table grown or shrunk this much since the ANN index was trained: retrain it
 STATE_FILE = "search_indexes.json"
-LINK_DOCS_FILE = "search_link_docs.parquet"  # doc_id, content hash, keyword: what the keyword_links table holds
+# one row per document (doc_id, content hash, keywords): what the keyword_links table holds
+LINK_DOCS_FILE = "search_link_docs.parquet"
 # one row per keyword (the query reads a few dozen keywords' links: rows, not thousands of pairs)
 LINK_SCHEMA = pa.schema([("keyword", pa.string()), ("chunk_ids", pa.list_(pa.string())), ("chunk_count", pa.int64())])
 
@@ -115,7 +116,12 @@ class DocumentLinks:
 
 
 def _grouped(links: pl.DataFrame) -> pl.DataFrame:
-    return links.select("keyword", "chunk_id").unique().group_by("keyword").agg(
+    return _by_keyword(links.select("keyword", "chunk_id").unique())
+
+
+def _by_keyword(links: pl.DataFrame) -> pl.DataFrame:
+    """Unique (keyword, chunk_id) pairs as table rows."""
+    return links.group_by("keyword").agg(
         pl.col("chunk_id").sort().alias("chunk_ids"), pl.len().cast(pl.Int64).alias("chunk_count")).sort("keyword")
 
 
@@ -134,24 +140,34 @@ def _document_of(chunk_ids: pl.Expr) -> pl.Expr:
     return chunk_ids.str.replace(r"-c\d+-[0-9a-f]+$", "")
 
 
+def _without_documents(links: pl.DataFrame, doc_ids: list[str]) -> pl.DataFrame:
+    """The links whose chunk is of none of `doc_ids`. A chunk id ends in "-c<order, 5 digits or more>-<8 hex>"
+    (lexgraph.ids.chunk_id): with a 5-digit order its document is all but its last 16 characters, a slice far
+    cheaper than _document_of's regex over the million ids of common keywords; the regex reads only the others."""
+    chunk = pl.col("chunk_id")
+    five = links["chunk_id"].str.slice(-16, 2) == "-c"
+    return pl.concat([links.filter(five).filter(~chunk.str.head(-16).is_in(doc_ids)),
+                      links.filter(~five).filter(~_document_of(chunk).is_in(doc_ids))])
+
+
 def update_keyword_links(store: VectorStore, corpus_dir: Path, links: DocumentLinks) -> dict:
     """Bring the links table to the catalog touching only the keywords of documents added, changed or removed
     since it was written (recorded in LINK_DOCS_FILE); no table or no record: rewritten whole. Idempotent, so a
     kill between the table write and the record's leaves a state the next run repairs."""
     record_path = Path(corpus_dir) / LINK_DOCS_FILE
-    record = pl.read_parquet(record_path) if record_path.exists() else None
+    record = _read_record(record_path)
     if record is None or KEYWORD_LINKS not in store.table_names():
         fresh = links.read(sorted(links.catalog))
         written = write_keyword_links(store, fresh)
-        _write_record(record_path, fresh, links.catalog)
+        _write_record(record_path, _record_rows(fresh, links.catalog))
         return {"keyword_links_mode": "rewritten", "documents_read": len(links.catalog), "keyword_links": written}
-    held = dict(record.select("doc_id", "hash").unique().iter_rows())
+    held = dict(zip(record["doc_id"].to_list(), record["hash"].to_list()))
     changed = sorted(d for d, h in links.catalog.items() if held.get(d) != h)
     replaced = sorted(d for d in held if links.catalog.get(d) != held[d])
     if not changed and not replaced:
         return {"keyword_links_mode": "unchanged", "documents_read": 0, "keywords_written": 0}
     fresh = links.read(changed).select("keyword", "chunk_id").unique()
-    touched = sorted(set(record.filter(pl.col("doc_id").is_in(replaced))["keyword"].to_list())
+    touched = sorted(set(record.filter(pl.col("doc_id").is_in(replaced))["keywords"].explode().drop_nulls().to_list())
                      | set(fresh["keyword"].to_list()))
     table = store.db.open_table(KEYWORD_LINKS)
     kept = pl.DataFrame(schema={"keyword": pl.String, "chunk_id": pl.String})
@@ -159,30 +175,47 @@ def update_keyword_links(store: VectorStore, corpus_dir: Path, links: DocumentLi
         old = pl.from_arrow(table.search().where(_in_list("keyword", touched)).select(["keyword", "chunk_ids"])
                             .limit(len(touched)).to_arrow())
         if old.height:
-            kept = (old.explode("chunk_ids").rename({"chunk_ids": "chunk_id"}).drop_nulls("chunk_id")
-                    .filter(~_document_of(pl.col("chunk_id")).is_in(replaced)))
-    rows = _grouped(pl.concat([kept, fresh]))
+            # the changed documents' links go too (a run killed before its record write left them in the table),
+            # so what is kept and `fresh` are disjoint, and unique as the table's lists are: no unique() pass
+            # over the million links of the most common keywords
+            kept = _without_documents(old.explode("chunk_ids").rename({"chunk_ids": "chunk_id"})
+                                      .drop_nulls("chunk_id"), sorted(set(replaced) | set(changed)))
+    rows = _by_keyword(pl.concat([kept, fresh]))
     if touched:
         table.delete(_in_list("keyword", touched))
     if rows.height:
         table.add(rows.to_arrow().cast(LINK_SCHEMA))
-    _write_record(record_path, fresh, {d: links.catalog[d] for d in changed},
-                  keep=record.filter(~pl.col("doc_id").is_in(replaced)))  # replaced includes the removed
+    _write_record(record_path, pl.concat([record.filter(~pl.col("doc_id").is_in(replaced)),  # replaced: removed too
+                                          _record_rows(fresh, {d: links.catalog[d] for d in changed})]))
     return {"keyword_links_mode": "diff", "documents_read": len(changed), "documents_removed": len(replaced),
             "keywords_written": rows.height, "keywords_deleted": len(touched) - rows.height}
 
 
-def _write_record(path: Path, links: pl.DataFrame, hashes: dict[str, str], keep: pl.DataFrame | None = None) -> None:
-    """(doc_id, hash, keyword) of the documents the table holds, replaced atomically."""
+def _read_record(path: Path) -> pl.DataFrame | None:
+    if not path.exists():
+        return None
+    record = pl.read_parquet(path)
+    if "keyword" in record.columns:  # written before one row per document: one row per (document, keyword)
+        record = record.group_by("doc_id").agg(pl.col("hash").first(),
+                                                pl.col("keyword").drop_nulls().sort().alias("keywords"))
+    return record.select(pl.col("doc_id", "hash").cast(pl.String), pl.col("keywords").cast(pl.List(pl.String)))
+
+
+def _record_rows(links: pl.DataFrame, hashes: dict[str, str]) -> pl.DataFrame:
+    """(doc_id, hash, keywords) of these documents; one without keywords has an empty list, so it is still
+    recorded and not read again next time."""
     pairs = links.select(_document_of(pl.col("chunk_id")).alias("doc_id"), "keyword").unique()
-    # a document without keywords is still recorded (keyword null), so it is not read again next time
-    docs = pl.DataFrame({"doc_id": list(hashes), "hash": list(hashes.values())}, schema={"doc_id": pl.String,
-                                                                                       "hash": pl.String})
-    rows = docs.join(pairs, on="doc_id", how="left").select("doc_id", "hash", "keyword")
-    if keep is not None:
-        rows = pl.concat([keep.select("doc_id", "hash", "keyword"), rows])
+    keywords = pairs.group_by("doc_id").agg(pl.col("keyword").sort().alias("keywords"))
+    docs = pl.DataFrame({"doc_id": list(hashes), "hash": list(hashes.values())},
+                        schema={"doc_id": pl.String, "hash": pl.String})
+    return (docs.join(keywords, on="doc_id", how="left")
+            .with_columns(pl.col("keywords").fill_null(pl.lit([], pl.List(pl.String)))))
+
+
+def _write_record(path: Path, rows: pl.DataFrame) -> None:
+    """Replaced atomically; one row per document (not per keyword) keeps its rewrite on every add small."""
     partial = path.with_suffix(".tmp")
-    rows.write_parquet(partial)
+    rows.sort("doc_id").write_parquet(partial, compression="lz4")
     partial.replace(path)
 
 
