@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 import polars as pl
+import pyarrow.parquet as pq
 
 from lexgraph.storage.extract_store import parquet_problem
 
@@ -90,6 +91,21 @@ def empty_frame() -> pl.DataFrame:
     return pl.DataFrame(schema=SCHEMA)
 
 
+def _may_hold(part: Path, run_id: str) -> bool:
+    """False only when the part's footer statistics (min and max run_id of each row group) rule this run out:
+    a part is one batch of one run, so a run's totals read its own few parts, not the whole ledger."""
+    try:
+        meta = pq.read_metadata(part)
+        column = meta.schema.names.index("run_id")
+        for group in range(meta.num_row_groups):
+            stats = meta.row_group(group).column(column).statistics
+            if stats is None or not stats.has_min_max or stats.min <= run_id <= stats.max:
+                return True
+        return False
+    except Exception:  # noqa: BLE001 - no usable footer: read() reads the part and names its damage
+        return True
+
+
 class CostLedger:
     """Append-only cost ledger in ``folder`` (created on first write)."""
 
@@ -146,10 +162,14 @@ class CostLedger:
     def parts(self) -> list[Path]:
         return sorted(self.folder.glob(PART_GLOB)) if self.folder.is_dir() else []
 
-    def read(self) -> pl.DataFrame:
-        """Every row of every readable part; a damaged part is skipped with a LedgerWarning naming it."""
+    def read(self, run_id: str | None = None) -> pl.DataFrame:
+        """Every row of every readable part; a damaged part is skipped with a LedgerWarning naming it. With
+        ``run_id``, that run's rows only, reading only the parts whose footer does not rule the run out (a part
+        damaged past its footer is then named only when it may hold the run's rows)."""
         frames = []
         for part in self.parts():
+            if run_id is not None and not _may_hold(part, run_id):
+                continue
             problem = parquet_problem(part, footer=False)  # cheap: magic bytes and footer length
             if problem is None:
                 try:
@@ -161,6 +181,8 @@ class CostLedger:
         if not frames:
             return empty_frame()
         data = pl.concat(frames, how="vertical")
+        if run_id is not None:
+            data = data.filter(pl.col("run_id") == run_id)
         # one row per row_id (parts written before row ids existed have none: each of their rows counts)
         data = data.filter(pl.col("row_id").is_null() | pl.col("row_id").is_first_distinct())
         return data.sort("at", maintain_order=True)
@@ -177,8 +199,8 @@ class CostLedger:
         unknown = [name for name in by if name not in SCHEMA]
         if unknown:
             raise LedgerError(f"cannot total by {unknown}; columns are {list(SCHEMA)}")
-        data = self.read() if frame is None else frame
-        if run_id is not None:
+        data = self.read(run_id) if frame is None else frame
+        if run_id is not None:  # a frame given may hold every run
             data = data.filter(pl.col("run_id") == run_id)
         refused = ~pl.col("cache_hit") & (pl.col("attempts") == 0)  # nothing sent (an open circuit breaker)
         aggregates = [

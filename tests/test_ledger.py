@@ -5,6 +5,7 @@ import datetime as dt
 import subprocess
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 import polars as pl
@@ -142,3 +143,26 @@ def test_a_part_damaged_past_its_footer_magic_is_skipped_too(tmp_path):
     with pytest.warns(LedgerWarning, match=bad.name):
         frame = ledger.read()
     assert frame.height == 1 and good.exists()
+
+
+def test_a_runs_totals_read_only_the_parts_that_may_hold_it(tmp_path):
+    ledger = CostLedger(tmp_path)
+    ledger.record(rows(run_id="run-1", n=2))
+    ledger.merge([ledger.record(rows(run_id="run-0", n=1)), ledger.record(rows(run_id="run-2", n=4))])  # spans run-1
+    pl.DataFrame(rows(run_id="run-1", n=1), schema_overrides={"prompt_tokens": pl.Int64}).write_parquet(
+        tmp_path / "part-0-no-statistics.parquet", statistics=False)  # a footer that cannot rule the run out
+    other = ledger.record(rows(run_id="run-3", n=5))
+    data = bytearray(other.read_bytes())
+    footer = int.from_bytes(data[-8:-4], "little")
+    data[4:len(data) - 8 - footer] = b"\0" * (len(data) - 12 - footer)  # pages zeroed, footer whole
+    other.write_bytes(bytes(data))
+
+    with pytest.warns(LedgerWarning, match=other.name):
+        everything = ledger.read()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # run-3's damaged part is not read: its footer names only run-3
+        assert ledger.read(run_id="run-1").equals(everything.filter(pl.col("run_id") == "run-1"))
+        assert ledger.totals(by=(), run_id="run-1")["calls"][0] == 3
+        assert ledger.totals(by=(), run_id="run-2")["calls"][0] == 4
+    with pytest.warns(LedgerWarning, match=other.name):
+        assert ledger.totals(by=(), run_id="run-3")["calls"][0] == 0
