@@ -222,7 +222,7 @@ def test_a_missing_or_damaged_state_means_a_rebuild(index, tmp_path, damage):
     if damage == "delete":
         shutil.rmtree(index.state)
     elif damage == "garbage":
-        for path in index.state.glob("*/*.parquet"):
+        for path in index.state.glob("*/*.arrow"):
             path.write_bytes(b"garbage")
     else:  # killed between the Kùzu write and the state's: the marker still says "writing"
         lexical_diff_mark(index)
@@ -231,6 +231,23 @@ def test_a_missing_or_damaged_state_means_a_rebuild(index, tmp_path, damage):
     assert marker.exists()
     assert_same(index.snapshot(), from_scratch(index, tmp_path))
     assert index.build().mode == "diff"
+
+
+def test_a_state_saved_as_parquet_before_is_still_read(index, tmp_path):
+    """A generation saved as Parquet (before the state was Arrow IPC) is read: the next build is a diff, not a
+    rebuild, and ends equal to a build from nothing; the state it saves is Arrow IPC."""
+    index.put("alpha.md", DOCS["alpha.md"])
+    index.build()
+    saved = list(index.state.glob("*/*.arrow"))
+    assert saved
+    for path in saved:
+        pl.read_ipc(path).write_parquet(path.with_suffix(".parquet"), compression="lz4")
+        path.unlink()
+    index.put("beta.txt", DOCS["beta.txt"])
+    result = index.build()
+    assert result.mode == "diff", result.reason
+    assert_same(index.snapshot(), from_scratch(index, tmp_path))
+    assert not list(index.state.glob("*/*.parquet")) and list(index.state.glob("*/*.arrow"))
 
 
 def lexical_diff_mark(index: Index) -> None:

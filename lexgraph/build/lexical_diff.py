@@ -216,12 +216,18 @@ def load_state(root: Path | None) -> tuple[LexicalState | None, str]:
         return None, "the last write of the lexical graph did not finish (state not marked as written)"
     folder = Path(root) / str(marker.get("generation"))
     try:
-        documents = pl.read_parquet(folder / "documents.parquet")
-        rows = {t: pl.read_parquet(folder / f"rows_{t}.parquet") for t in ROW_TABLES}
-        frames = {t: pl.read_parquet(folder / f"{t}.parquet") for t in FRAMES}
+        documents = _read_frame(folder, "documents")
+        rows = {t: _read_frame(folder, f"rows_{t}") for t in ROW_TABLES}
+        frames = {t: _read_frame(folder, t) for t in FRAMES}
     except (Exception, pl.exceptions.PanicException) as error:  # noqa: BLE001 - torn or garbage: rebuild
         return None, f"saved lexical state unreadable ({type(error).__name__}: {str(error).splitlines()[0][:160]})"
     return LexicalState(documents, rows, frames, str(marker["generation"])), ""
+
+
+def _read_frame(folder: Path, name: str) -> pl.DataFrame:
+    """Arrow IPC; a generation saved before that is Parquet and still read (no rebuild for a format change)."""
+    path = folder / f"{name}.arrow"
+    return pl.read_ipc(path) if path.exists() else pl.read_parquet(folder / f"{name}.parquet")
 
 
 def mark_writing(root: Path | None) -> None:
@@ -239,12 +245,11 @@ def save_state(root: Path | None, state: LexicalState) -> str:
     generation = uuid.uuid4().hex
     folder = root / generation
     folder.mkdir(parents=True, exist_ok=True)
-    # lz4: written on every run, so its speed counts more than its size (a third of zstd's time)
-    state.documents.write_parquet(folder / "documents.parquet", compression="lz4")
-    for table, frame in state.rows.items():
-        frame.write_parquet(folder / f"rows_{table}.parquet", compression="lz4")
-    for table, frame in state.frames.items():
-        frame.write_parquet(folder / f"{table}.parquet", compression="lz4")
+    # uncompressed Arrow IPC: written on every run, so its speed counts more than its size (a fifth of Parquet
+    # lz4's time at 100k chunks, three times the bytes)
+    for name, frame in {"documents": state.documents, **{f"rows_{t}": f for t, f in state.rows.items()},
+                        **state.frames}.items():
+        frame.write_ipc(folder / f"{name}.arrow", compression="uncompressed")
     _write_marker(root, {"format": STATE_FORMAT, "generation": generation, "synced": True})
     for old in root.iterdir():
         if old.is_dir() and old.name != generation:
