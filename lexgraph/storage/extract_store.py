@@ -13,8 +13,9 @@ import pyarrow.parquet as pq
 from lexgraph.errors import FileProblem
 
 PARQUET_MAGIC = b"PAR1"
-# (size, mtime_ns) of the extract files verify_extracts found whole: a file whose stat still matches is not
-# parsed again (every write replaces a file or changes its mtime, so a damage changes its stat)
+# "size:mtime_ns" of the extract files verify_extracts found whole: a file whose stat still matches is not
+# parsed again (every write replaces a file or changes its mtime, so a damage changes its stat). Strings, not
+# lists: 12,000 small lists in a process holding Dagster's heap set off a full garbage collection (0.3 s).
 VERIFIED_FILE = ".verified.json"
 # a file modified this recently is not recorded: a second write within the file system's timestamp
 # granularity could keep its size and mtime
@@ -117,16 +118,17 @@ class ExtractStore:
 
     def problems(self, doc_id: str, stages: Iterable[str] = ()) -> dict[Path, str]:
         """Corrupt files of one document (every stage folder), and missing ones among `stages`."""
-        return self._problems(doc_id, stages, self._folders(), {}, {})
+        return self._problems(doc_id, stages, self._folders(), {}, {}, 0)
 
     def _folders(self) -> list[Path]:
         return sorted(p for p in self.root.iterdir() if p.is_dir()) if self.root.exists() else []
 
-    def _problems(self, doc_id: str, stages: Iterable[str], folders: list[Path], verified: dict,
-                  whole: dict) -> dict[Path, str]:
-        """problems(), skipping the footer parse of files whose [size, mtime_ns] is as in `verified`; the
-        stat of each file found whole is put in `whole` (taken before the check: a write during it changes it).
-        Plain strings, not Paths, for the stats: this runs for every file of the index on every ingest."""
+    def _problems(self, doc_id: str, stages: Iterable[str], folders: list[Path], verified: dict[str, str],
+                  whole: dict[str, str], settled: int) -> dict[Path, str]:
+        """problems(), skipping the footer parse of files whose "size:mtime_ns" is as in `verified`; the stat
+        of each file found whole and last modified before `settled` (ns) is put in `whole` (taken before the
+        check: a write during it changes it). Plain strings, not Paths, for the stats: this runs for every
+        file of the index on every ingest."""
         found: dict[Path, str] = {}
         present = set()
         name = f"{doc_id}.parquet"
@@ -136,13 +138,14 @@ class ExtractStore:
             except (FileNotFoundError, NotADirectoryError):
                 continue
             present.add(folder.name)
-            key, stamp = f"{folder.name}/{name}", [stat.st_size, stat.st_mtime_ns]
+            key, stamp = f"{folder.name}/{name}", f"{stat.st_size}:{stat.st_mtime_ns}"
             if verified.get(key) != stamp:
                 problem = parquet_problem(folder / name)
                 if problem is not None:
                     found[folder / name] = problem
                     continue
-            whole[key] = stamp
+            if stat.st_mtime_ns < settled:
+                whole[key] = stamp
         for stage in stages:
             if stage not in present:
                 found[self.path(stage, doc_id)] = f"file is missing (no {stage} output for an indexed document)"
@@ -196,13 +199,12 @@ def verify_extracts(store: ExtractStore, doc_ids: Iterable[str], stages: Iterabl
     whole (recorded in VERIFIED_FILE, of these documents only), so it costs a stat per file on every ingest."""
     stages = tuple(stages)
     folders, verified, whole = store._folders(), store.read_verified(), {}
+    settled = time.time_ns() - RECENT_NS
     found: dict[str, str] = {}
     for doc_id in doc_ids:
-        problems = store._problems(doc_id, stages, folders, verified, whole)
+        problems = store._problems(doc_id, stages, folders, verified, whole, settled)
         if problems:
             found[doc_id] = "; ".join(f"{path}: {problem}" for path, problem in problems.items())
-    settled = time.time_ns() - RECENT_NS
-    whole = {key: stamp for key, stamp in whole.items() if stamp[1] < settled}
     if whole != verified and store.root.exists():
         store.write_verified(whole)
     return found
