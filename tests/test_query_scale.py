@@ -237,7 +237,8 @@ def test_keyword_links_are_updated_by_document_and_end_equal_to_a_rewrite(lance_
     assert _links_table(store) == everything
     # a record of the former layout (one row per document and keyword) is read, and rewritten one row a document
     per_document = pl.read_parquet(corpus / li.LINK_DOCS_FILE)
-    per_document.explode("keywords").rename({"keywords": "keyword"}).write_parquet(corpus / li.LINK_DOCS_FILE)
+    (per_document.explode("keywords", empty_as_null=True).rename({"keywords": "keyword"})  # no keywords: null
+     .write_parquet(corpus / li.LINK_DOCS_FILE))
     report = li.update_keyword_links(store, corpus, li.DocumentLinks(smaller, read))
     assert report["keyword_links_mode"] == "diff" and report["documents_removed"] == 2
     assert _links_table(store) == expected(smaller)
