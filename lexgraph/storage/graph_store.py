@@ -49,6 +49,13 @@ LEXICAL_NODES = ("Statement", "Topic", "Fact", "Entity")
 LEXICAL_RELS = {"EXTRACTED_FROM": ("Statement", "Chunk"), "BELONGS_TO": ("Statement", "Topic"),
                 "TOPIC_OF": ("Topic", "Source"), "SUPPORTS": ("Fact", "Statement"), "SUBJECT": ("Entity", "Fact"),
                 "OBJECT": ("Entity", "Fact"), "RELATED": ("Entity", "Entity"), "MENTIONED_IN": ("Entity", "Chunk")}
+# Both node tables of every rel table, for edges written by their nodes' primary keys.
+REL_ENDS = {"PART_OF": ("Chunk", "Source"), "NEXT": ("Chunk", "Chunk"), "SIMILAR": ("Chunk", "Chunk"),
+            "KEYWORD_IN": ("Keyword", "Chunk"), **LEXICAL_RELS}
+# Up to this many rows are written with CREATE, more with COPY. Each COPY checkpoints at once, so a diff's
+# many small COPYs (the lexical tables) each paid one; CREATEd rows wait for one checkpoint at close. Into a
+# big rel table the two cost the same at ~900 edges and COPY wins from 5,000 (docs/perf/kuzu_writes.md).
+CREATE_MAX_ROWS = 1_000
 # How long a writer waits for another process to finish before giving up with a clear error.
 WRITER_WAIT_SECONDS = 600.0
 
@@ -163,12 +170,14 @@ class GraphStore:
         """Bulk-copy SIMILAR edges (src, dst, kind, weight); both chunks must be in the graph."""
         self._copy("SIMILAR", edges.select(pl.col("src").alias("from"), pl.col("dst").alias("to"), "kind", "weight"))
 
-    def delete_similarity_edges(self, edges: pl.DataFrame) -> None:
-        """Delete these SIMILAR edges (src, dst, kind); ones not in the graph are ignored."""
-        if edges.height:
-            rows = edges.select("src", "dst", "kind").to_arrow()  # noqa: F841 (scanned by name)
-            self.conn.execute("LOAD FROM rows MATCH (a:Chunk {id: src})-[r:SIMILAR]->(b:Chunk {id: dst}) "
-                              "WHERE r.kind = kind DELETE r")
+    def delete_similarity_edges(self, edges: pl.DataFrame) -> int:
+        """Delete these SIMILAR edges (src, dst, kind); ones not in the graph are ignored. Returns how many went."""
+        if not edges.height:
+            return 0
+        # both chunks joined on their ids first: matching the whole pattern at once scans every SIMILAR edge
+        return self._count("LOAD FROM $rows MATCH (a:Chunk) WHERE a.id = src MATCH (b:Chunk) WHERE b.id = dst "
+                           "MATCH (a)-[r:SIMILAR]->(b) WHERE r.kind = kind DELETE r RETURN count(*)",
+                           {"rows": edges.select("src", "dst", "kind").unique().to_arrow()})
 
     def chunks_without_similar_edges(self) -> list[str]:
         """Chunks with no SIMILAR edge: a reloaded document's chunks lose all theirs."""
@@ -207,20 +216,27 @@ class GraphStore:
     def add_keywords(self, keywords: list[str]) -> None:
         self._copy("Keyword", pl.DataFrame({"id": keywords}, schema={"id": pl.String}))
 
-    def delete_keywords(self, keywords: list[str], batch: int = 20_000) -> None:
-        """Delete Keyword nodes with their links."""
+    def delete_keywords(self, keywords: list[str], batch: int = 20_000) -> int:
+        """Delete Keyword nodes with their links. Returns how many links went (those into existing chunks)."""
+        links = 0
         for start in range(0, len(keywords), batch):
-            self.conn.execute("MATCH (k:Keyword) WHERE k.id IN $ids DETACH DELETE k", {"ids": keywords[start:start + batch]})
+            ids = {"ids": keywords[start:start + batch]}
+            links += self.edge_count("KEYWORD_IN", "Keyword", "Chunk", where="a.id IN $ids", params=ids)
+            self.conn.execute("MATCH (k:Keyword) WHERE k.id IN $ids DETACH DELETE k", ids)
+        return links
 
     def add_keyword_links(self, links: pl.DataFrame) -> None:
         """Bulk-copy KEYWORD_IN edges (keyword, chunk_id, sentence_count); both ends must be in the graph."""
         self._copy("KEYWORD_IN", links.select(pl.col("keyword").alias("from"), pl.col("chunk_id").alias("to"),
                                               pl.col("sentence_count").cast(pl.Int64).alias("occurrences")))
 
-    def delete_keyword_links(self, doc_ids: list[str]) -> None:
-        """Delete the KEYWORD_IN edges of these documents' chunks."""
-        if doc_ids:
-            self.conn.execute("MATCH (:Keyword)-[r:KEYWORD_IN]->(c:Chunk) WHERE c.doc_id IN $ids DELETE r", {"ids": doc_ids})
+    def delete_keyword_links(self, doc_ids: list[str]) -> int:
+        """Delete the KEYWORD_IN edges of these documents' chunks. Returns how many went."""
+        if not doc_ids:
+            return 0
+        # from the chunks: written from the keyword side, the match scans every KEYWORD_IN edge
+        return self._count("MATCH (c:Chunk)<-[r:KEYWORD_IN]-(:Keyword) WHERE c.doc_id IN $ids DELETE r RETURN count(*)",
+                           {"ids": doc_ids})
 
     def keyword_links_per_document(self) -> dict[str, int]:
         """doc_id -> number of KEYWORD_IN edges into its chunks."""
@@ -296,9 +312,10 @@ class GraphStore:
         """Delete these edges of a lexical rel table (`from`, `to`); ones not in the graph are ignored."""
         if frame.height:
             source, target = LEXICAL_RELS[rel]
-            rows = frame.select(pl.col("from").alias("v_from"), pl.col("to").alias("v_to")).to_arrow()  # noqa: F841
-            self.conn.execute(f"LOAD FROM rows MATCH (a:{source} {{id: v_from}})-[r:{rel}]->(b:{target} {{id: v_to}}) "
-                              "DELETE r")
+            rows = frame.select(pl.col("from").alias("v_from"), pl.col("to").alias("v_to")).unique().to_arrow()
+            # both nodes joined on their ids first: matching the whole pattern at once scans every edge of the table
+            self.conn.execute(f"LOAD FROM $rows MATCH (a:{source}) WHERE a.id = v_from MATCH (b:{target}) "
+                              f"WHERE b.id = v_to MATCH (a)-[r:{rel}]->(b) DELETE r", {"rows": rows})
 
     def lexical_edges_of(self, rel: str, doc_ids: list[str]) -> int:
         """EXTRACTED_FROM or BELONGS_TO edges of these documents' statements (counted through both nodes)."""
@@ -307,9 +324,45 @@ class GraphStore:
         return self.edge_count(rel, *LEXICAL_RELS[rel], where="a.doc_id IN $ids", params={"ids": doc_ids})
 
     def _copy(self, table: str, frame: pl.DataFrame) -> None:
-        if frame.height:
-            rows = frame.to_arrow()  # noqa: F841  (Kùzu scans the local variable by name)
-            self.conn.execute(f"COPY {table} FROM rows")
+        """Rows in the table's column order (an edge's `from` and `to` first); an edge's nodes must exist,
+        else nothing is written and RuntimeError says so."""
+        if not frame.height:
+            return
+        if frame.height <= CREATE_MAX_ROWS:
+            self._create(table, frame)
+            return
+        rows = frame.to_arrow()  # noqa: F841  (Kùzu scans the local variable by name)
+        self.conn.execute(f"COPY {table} FROM rows")
+
+    def _create(self, table: str, frame: pl.DataFrame) -> None:
+        """What COPY does, as one CREATE statement: its rows are checkpointed with the rest of the writes."""
+        rows = {"rows": frame.to_arrow().rename_columns([f"v_{i}" for i in range(frame.width)])}
+        if table not in REL_ENDS:
+            sets = ", ".join(f"{name}: v_{i}" for i, name in enumerate(self._properties(table, frame.width)))
+            self.conn.execute(f"LOAD FROM $rows CREATE (:{table} {{{sets}}})", rows)
+            return
+        source, target = REL_ENDS[table]
+        sets = ", ".join(f"{name}: v_{i}" for i, name in enumerate(self._properties(table, frame.width - 2), start=2))
+        self.conn.execute("BEGIN TRANSACTION")  # an error inside rolls it back
+        # each end joined on its id: a pattern of two id lookups is planned as a cross product of the tables
+        made = self._count(f"LOAD FROM $rows MATCH (a:{source}) WHERE a.id = v_0 MATCH (b:{target}) WHERE b.id = v_1 "
+                           f"CREATE (a)-[:{table} {{{sets}}}]->(b) RETURN count(*)", rows)
+        if made != frame.height:  # as COPY: an edge whose node is missing fails the whole batch
+            self.conn.execute("ROLLBACK")
+            raise RuntimeError(f"{frame.height - made} of {frame.height} {table} edges name a {source} or {target} "
+                               "node that is not in the graph; none written")
+        self.conn.execute("COMMIT")
+
+    def _properties(self, table: str, columns: int) -> list[str]:
+        """The table's properties in column order (of a rel table: after from and to), as many as COPY takes."""
+        names = self.conn.execute(f"CALL table_info('{table}') RETURN name").get_as_pl()["name"].to_list()
+        if columns != len(names):
+            raise RuntimeError(f"{table} has {len(names)} properties ({', '.join(names)}); {columns} columns given")
+        return names
+
+    def _count(self, cypher: str, parameters: dict | None = None) -> int:
+        """Run a statement that returns count(*)."""
+        return int(self.conn.execute(cypher, parameters or {}).get_next()[0])
 
     def tables(self) -> set[str]:
         """Names of the node and rel tables (a graph written before a table was added lacks it)."""
