@@ -93,6 +93,8 @@ def _catalog_chunks(vectors, indexed: dict[str, str]) -> tuple[pl.DataFrame, np.
         return empty, np.zeros((0, vectors.vector_dimension() or 1), dtype=np.float32)
     chunks, matrix = vectors.chunk_vectors()
     loaded = chunks["doc_id"].is_in(list(indexed))
+    if loaded.all():  # the usual case: no copy of every vector
+        return chunks, matrix
     return chunks.filter(loaded), matrix[loaded.to_numpy()]
 
 

@@ -10,6 +10,7 @@ is identical to a full rebuild.
 """
 from __future__ import annotations
 
+import ctypes
 from array import array
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, Literal, Sequence
@@ -117,6 +118,28 @@ def _top_k(rows: np.ndarray, cols: np.ndarray, sims: np.ndarray, k: int) -> tupl
     return rows[chosen], cols[chosen], sims[chosen], rank[chosen]
 
 
+def _spread(array: np.ndarray, old_to_new: np.ndarray, total: int) -> np.ndarray:
+    """An array of ``total`` rows holding ``array``'s row i at ``old_to_new[i]`` (the other rows undefined).
+
+    Rows only inserted (the map increasing, nothing removed) are moved in place, the array grown by
+    realloc: a fresh copy of 100k vectors cost a fresh process ~0.2-0.4 s of page faults. Only for
+    arrays no view refers to (the realloc may move the data)."""
+    n, row = len(array), array.strides[0] if array.ndim else 0
+    inserted = n > 0 and int(old_to_new[0]) >= 0 and bool(np.all(np.diff(old_to_new) >= 1))
+    if not inserted or not (array.flags.owndata and array.flags.c_contiguous and array.base is None):
+        grown = np.empty((total, *array.shape[1:]), dtype=array.dtype)
+        grown[old_to_new] = array
+        return grown
+    array.resize((total, *array.shape[1:]), refcheck=False)
+    bounds = np.r_[0, np.flatnonzero(np.diff(old_to_new) != 1) + 1, n]
+    base = array.ctypes.data
+    for start, end in zip(bounds[-2::-1], bounds[:0:-1]):  # last run first: each moves up, over free rows
+        target = int(old_to_new[start])
+        if target != start:
+            ctypes.memmove(base + target * row, base + int(start) * row, int(end - start) * row)
+    return array
+
+
 def _concat(parts: Sequence[Triples]) -> Triples:
     if not parts:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
@@ -148,10 +171,15 @@ class _Hnsw:
         self.index = self._faiss.IndexHNSWFlat(self._dim, self._m, self._faiss.METRIC_INNER_PRODUCT)
         self.index.hnsw.efConstruction = self._ef_construction
         self.position = np.zeros(0, dtype=np.int64)  # corpus position of each faiss id; -1 once removed
+        self.appended: list[int] | None = None  # sizes of the adds since a saved index was adopted
 
     def insert(self, old_to_new: np.ndarray, new_positions: np.ndarray, unit: np.ndarray) -> None:
         self.forget(old_to_new)
-        self.index.add(unit)
+        if self.appended is None:
+            self.index.add(unit)
+        else:  # replayable from a journal: the saved index plus these adds gives this very graph
+            append_in_order(self.index, unit)
+            self.appended.append(len(unit))
         self.position = np.concatenate([self.position, new_positions])
 
     def forget(self, old_to_new: np.ndarray) -> None:
@@ -192,6 +220,7 @@ class _Hnsw:
         self.index = index
         self.position = np.full(total, -1, dtype=np.int64)
         self.position[faiss_ids] = np.arange(len(faiss_ids))
+        self.appended = []
 
     def search(self, queries: np.ndarray, k: int) -> np.ndarray:
         """Corpus positions of up to k live nearest vectors per query; -1 where fewer exist."""
@@ -207,6 +236,19 @@ class _Hnsw:
             params.sel = selector
         _, labels = self.index.search(queries, width, params=params)
         return np.where(labels >= 0, self.position[np.maximum(labels, 0)], -1)
+
+
+def append_in_order(index, vectors: np.ndarray) -> None:
+    """Add vectors to an HNSW index on one thread: faiss' parallel insertion orders them as the threads
+    run, so only this way does replaying the same batches onto the same saved index give the same graph."""
+    import faiss
+
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        index.add(np.ascontiguousarray(vectors, dtype=np.float32))
+    finally:
+        faiss.omp_set_num_threads(threads)
 
 
 class _VectorCorpus:
@@ -246,10 +288,8 @@ class _VectorCorpus:
         if not len(old_to_new) and bool(np.array_equal(new_positions, np.arange(len(new_positions)))):
             self.grid = added  # loaded in order: no copy
             return
-        grid = np.empty((len(old_to_new) + len(new_positions), self.grid.shape[1]), dtype=np.int32)
-        grid[old_to_new] = self.grid
-        grid[new_positions] = added
-        self.grid = grid
+        self.grid = _spread(self.grid, old_to_new, len(old_to_new) + len(new_positions))
+        self.grid[new_positions] = added
 
     def insert(self, old_to_new: np.ndarray, new_positions: np.ndarray, vectors: npt.ArrayLike) -> np.ndarray:
         self._place(old_to_new, new_positions, vectors)
@@ -280,6 +320,9 @@ class _VectorCorpus:
     def ann_index(self) -> AnnIndex | None:
         """The HNSW index and the faiss id of each chunk position, to save (None in exact mode)."""
         return None if self.hnsw is None else (self.hnsw.index, self.hnsw.faiss_ids(len(self.grid)))
+
+    def ann_appended(self) -> list[int] | None:
+        return None if self.hnsw is None else self.hnsw.appended
 
     def delete(self, old_to_new: np.ndarray) -> np.ndarray:
         self.grid = self.grid[old_to_new >= 0]
@@ -586,17 +629,29 @@ class KnnGraph:
         A list without removed or changed chunks was the top-K of a set that only grew by the
         changed chunks, so its new top-K is the best of itself and those chunks.
         """
-        before = self._neighbors.copy(), self._sims.copy()
         stale = np.any((self._neighbors == _GONE) | np.isin(self._neighbors, changed), axis=1)
         redo = np.union1d(changed, np.flatnonzero(stale)).astype(np.int64)
+        before = self._neighbors[redo], self._sims[redo]
         self._set_rows(redo, self._corpus.search(redo, self.k))
+        differs = int(np.count_nonzero(np.any((before[0] != self._neighbors[redo]) | (before[1] != self._sims[redo]),
+                                              axis=1)))
         rest = np.setdiff1d(np.arange(len(self)), redo)
         if len(changed) and len(rest):
-            offered = self._corpus.search_among(rest, changed.astype(np.int64), self.k)
+            offered = self._beating(self._corpus.search_among(rest, changed.astype(np.int64), self.k))
             hit = np.unique(offered[0])
             self._set_rows(hit, _concat([self._entries(hit), offered]))
-        differs = np.any((before[0] != self._neighbors) | (before[1] != self._sims), axis=1)
-        return KnnUpdate(added, removed, recomputed=len(redo), changed=int(np.count_nonzero(differs)))
+            differs += len(hit)  # a candidate that beats a list's last entry (or fills a slot) changes it
+        return KnnUpdate(added, removed, recomputed=len(redo), changed=differs)
+
+    def _beating(self, offered: Triples) -> Triples:
+        """The offered candidates that would enter their row's list: better than its last entry (higher
+        similarity, or equal and a smaller position), or any positive one where the list has room. The
+        rest cannot change the top-k, and ranking them with every entry of their rows was most of an add."""
+        rows, cols, sims = offered
+        last_col, last_sim = self._neighbors[rows, -1], self._sims[rows, -1]
+        room = last_col < 0
+        enters = (sims > 0) & (room | (sims > last_sim) | ((sims == last_sim) & (cols < last_col)))
+        return rows[enters], cols[enters], sims[enters]
 
     def _entries(self, rows: np.ndarray) -> Triples:
         r, slot = np.nonzero(self._neighbors[rows] >= 0)
@@ -661,6 +716,12 @@ class KnnGraph:
         """The ANN index (approximate semantic graphs only) and the faiss id of each of ``chunk_ids``."""
         return self._corpus.ann_index()
 
+    def ann_appended(self) -> list[int] | None:
+        """Sizes of the batches of vectors appended, in order, to the ANN index since the saved one given to
+        :func:`semantic_knn` was adopted (each by :func:`append_in_order`); None when the index was built
+        here (or there is none). With the saved index they make it again, so a save may keep just those."""
+        return self._corpus.ann_appended() if isinstance(self._corpus, _VectorCorpus) else None
+
     def lists(self) -> SavedLists:
         """The directed lists as positions into ``chunk_ids``: the form to persist (views, not copies)."""
         return SavedLists(self.chunk_ids, self._neighbors, self._sims)
@@ -712,7 +773,7 @@ def _undirected(neighbors: np.ndarray, sims: np.ndarray) -> tuple[np.ndarray, np
     row, rank = np.nonzero(neighbors >= 0)
     col = neighbors[row, rank].astype(np.int64)
     key = np.minimum(row, col) * n + np.maximum(row, col)
-    order = np.argsort(key, kind="stable")
+    order = np.argsort(key)  # not stable: equal keys are one pair, reduced to its larger weight
     key, weight = key[order], sims[row, rank][order]
     if not len(key):
         return np.zeros(0, np.int64), np.zeros(0)
@@ -776,14 +837,17 @@ def word_matrix(words: Sequence[Iterable[str]]) -> WordMatrix:
     return corpus.matrix()
 
 
-def edge_changes(before: SavedLists, graph: KnnGraph) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+def edge_changes(before: SavedLists, graph: KnnGraph,
+                 to_new: np.ndarray | None = None) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """(removed, added, reweighted) edges of the graph's kind from saved lists to the graph now (removed rows
     carry the old weight, reweighted ones the new): what diffing the two edge frames gives.
 
     An edge changes only with one of its two directed entries, so only pairs in lists that differ are
     looked at, and those touching removed chunks: a few per changed list, not millions of string pairs.
+    ``to_new``: :func:`position_map` of the two id lists, when already known (both kinds share it).
     """
-    to_new = _position_map(before.chunk_ids, graph.chunk_ids)
+    if to_new is None:
+        to_new = position_map(before.chunk_ids, graph.chunk_ids)
     old_neighbors, old_sims = before.neighbors.astype(np.int64), before.sims
     # the old lists renumbered to the new positions (a removed neighbour becomes _GONE, a new chunk's list empty)
     kept = np.flatnonzero(to_new >= 0)
@@ -839,7 +903,7 @@ def _pair_weight(neighbors: np.ndarray, sims: np.ndarray, low: np.ndarray, high:
     return np.maximum(direction(low, high), direction(high, low))
 
 
-def _position_map(old_ids: np.ndarray, new_ids: np.ndarray) -> np.ndarray:
+def position_map(old_ids: np.ndarray, new_ids: np.ndarray) -> np.ndarray:
     """Position in ``new_ids`` of each of ``old_ids``; -1 for those not there."""
     old = pl.DataFrame({"chunk_id": pl.Series(old_ids, dtype=pl.String)}).with_row_index("old")
     new = pl.DataFrame({"chunk_id": pl.Series(new_ids, dtype=pl.String)}).with_row_index("new")

@@ -228,11 +228,20 @@ class VectorStore:
         return pl.from_arrow(hits).drop("vector")
 
     def chunk_vectors(self, columns: tuple[str, ...] = ("chunk_id", "doc_id")) -> tuple[pl.DataFrame, np.ndarray]:
-        """All chunk ids with their vectors, for corpus-wide graph building."""
+        """All chunk ids with their vectors, for corpus-wide graph building.
+
+        Only these columns are read: the whole table (text included) took 6x as long at 100k chunks."""
         table = self._table(CHUNKS)
         if table is None:
             return pl.DataFrame(), np.zeros((0, 0), dtype=np.float32)
         columns = tuple(c for c in columns if c in table.schema.names)  # optional ones may be absent
-        data = table.to_arrow().select([*columns, "vector"])
-        vectors = data.column("vector").combine_chunks().values.to_numpy().reshape(data.num_rows, -1)
+        data = table.search().select([*columns, "vector"]).limit(None).to_arrow()
+        column = data.column("vector")
+        width = column.type.list_size
+        if column.num_chunks == 1 and column.null_count == 0:  # a view of Arrow's buffer: no 150 MB copy at 100k
+            flat = column.chunk(0)
+            vectors = flat.values.slice(flat.offset * width, len(flat) * width).to_numpy(zero_copy_only=False)
+        else:
+            vectors = column.combine_chunks().values.to_numpy(zero_copy_only=False)
+        vectors = vectors.reshape(data.num_rows, width)
         return pl.from_arrow(data.select(list(columns))), vectors.astype(np.float32, copy=False)
