@@ -688,9 +688,8 @@ def write_similarity_edges(files: CorpusFiles, graph, result: KnnResult) -> dict
             reweighted = reweighted.filter(~touches_lost)
             restored = target.filter(touches_lost).join(added, on=EDGE_KEY, how="anti").join(reweighted, on=EDGE_KEY,
                                                                                              how="anti")
-        before = graph.count("SIMILAR")
-        graph.delete_similarity_edges(pl.concat([removed, reweighted]).select(EDGE_KEY))
-        deleted = before - graph.count("SIMILAR")  # edges of chunks deleted with their document are gone already
+        # fewer than asked when edges of chunks deleted with their document are gone already
+        deleted = graph.delete_similarity_edges(pl.concat([removed, reweighted]).select(EDGE_KEY))
         graph.add_similarity_edges(pl.concat([added, reweighted, restored]))
         figures.update(similar_edges_added=added.height + restored.height, similar_edges_removed=deleted - reweighted.height,
                        similar_edges_updated=reweighted.height, similar_edges_restored=restored.height)
@@ -926,15 +925,14 @@ def write_keyword_index(files: CorpusFiles, store: ExtractStore, graph, vectors,
 def _keyword_graph_diff(store: ExtractStore, graph, result: KeywordIndexResult, figures: dict) -> bool:
     """Write the graph's share of the difference; False when the graph does not add up afterwards."""
     old, new = set(result.previous_keywords), set(result.index["keyword"].to_list())
-    start = graph.count("KEYWORD_IN")
-    graph.delete_keywords(sorted(old - new))
+    deleted = graph.delete_keywords(sorted(old - new))
     graph.add_keywords(sorted(new - old))
-    graph.delete_keyword_links(result.link_docs + result.removed)
-    deleted = start - graph.count("KEYWORD_IN")
+    deleted += graph.delete_keyword_links(result.link_docs + result.removed)
     graph.add_keyword_links(result.links)
     written = result.links.height
     expected = sum(result.link_counts.values())
-    if graph.count("KEYWORD_IN") != expected:
+    in_graph = graph.count("KEYWORD_IN")  # the whole table: the check is over every document's links
+    if in_graph != expected:
         # documents reloaded since the last update lost their chunks' links: find them and write them again
         held = graph.keyword_links_per_document()
         short = sorted(d for d, n in result.link_counts.items() if held.get(d, 0) != n)
@@ -944,9 +942,10 @@ def _keyword_graph_diff(store: ExtractStore, graph, result: KeywordIndexResult, 
         written += again.height
         figures["keyword_docs_read"] += len(short)
         figures["keyword_docs_restored"] = len(short)
+        in_graph = graph.count("KEYWORD_IN")
     figures.update(keywords_added=len(new - old), keywords_removed=len(old - new), keyword_links_written=written,
                    keyword_links_deleted=deleted)
-    return graph.count("KEYWORD_IN") == expected and graph.count("Keyword") == len(new)
+    return in_graph == expected and graph.count("Keyword") == len(new)
 
 
 def _keyword_vector_diff(vectors, result: KeywordIndexResult, figures: dict) -> bool:
