@@ -52,9 +52,10 @@ LEXICAL_RELS = {"EXTRACTED_FROM": ("Statement", "Chunk"), "BELONGS_TO": ("Statem
 # Both node tables of every rel table, for edges written by their nodes' primary keys.
 REL_ENDS = {"PART_OF": ("Chunk", "Source"), "NEXT": ("Chunk", "Chunk"), "SIMILAR": ("Chunk", "Chunk"),
             "KEYWORD_IN": ("Keyword", "Chunk"), **LEXICAL_RELS}
-# Up to this many rows are written with CREATE, more with COPY. Each COPY checkpoints at once, so a diff's
-# many small COPYs (the lexical tables) each paid one; CREATEd rows wait for one checkpoint at close. Into a
-# big rel table the two cost the same at ~900 edges and COPY wins from 5,000 (docs/perf/kuzu_writes.md).
+# Up to this many rows are written with CREATE, more with COPY. COPY rewrites the node groups it touches at
+# once; CREATEd rows wait in the WAL for the checkpoint (at close), where the same rewrite happens. Into the
+# 2.65M-edge SIMILAR table the two cost the same up to ~1,000 edges and COPY wins from 2,000; only CREATE
+# leaves a checkpoint that could be deferred (docs/perf/kuzu_writes.md).
 CREATE_MAX_ROWS = 1_000
 # How long a writer waits for another process to finish before giving up with a clear error.
 WRITER_WAIT_SECONDS = 600.0
