@@ -86,7 +86,7 @@ def test_unknown_backend_refused_by_the_embedder():
 def test_damaged_cached_export_is_detected_and_rebuilt(torch_embedder, tmp_path, capfd):
     model_path = resolve_model_path(torch_embedder.model_name)
     onnx_export.load_session(torch_embedder.model, model_path, True, tmp_path)
-    (entry,) = [p for p in tmp_path.iterdir() if not p.name.startswith(".")]
+    (entry,) = [p for p in tmp_path.iterdir() if p.is_dir() and not p.name.startswith(".")]
     assert onnx_export.check_entry(entry) == ""
     probes = json.loads((entry / "manifest.json").read_text())["probe_cosine"]
     assert probes["model.onnx"] >= 0.9999 and probes["model_int8.onnx"] >= 0.98
@@ -100,8 +100,8 @@ def test_damaged_cached_export_is_detected_and_rebuilt(torch_embedder, tmp_path,
     features = torch_embedder.model.tokenizer(SENTENCES[:1], return_tensors="np")
     reference = torch_embedder.embed(SENTENCES[:1])[0]
     assert float(onnx_export.run_session(session, features)[0] @ reference) >= 0.9999
-    # no temporary folder is left behind
-    assert [p.name for p in tmp_path.iterdir()] == [entry.name]
+    # no temporary folder is left behind (beside the entry, the memo of files hashed before)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([entry.name, onnx_export.MEMO_FILE])
 
     (entry / onnx_export.FP32_FILE).unlink()
     assert onnx_export.check_entry(entry) == "model.onnx is missing"
@@ -147,3 +147,22 @@ def test_chunk_embedding_with_a_callback_reports_only_to_it(onnx_embedder):
     with progress.reporting(Recorder()) as recorder:
         onnx_embedder.embed([f"chunk {i}" for i in range(70)], progress=seen.append)
     assert sum(seen) == 70 and recorder.events == []
+
+
+def test_hashes_are_remembered_by_size_and_time_and_read_again_when_either_changes(tmp_path, monkeypatch):
+    model_file = tmp_path / "model.onnx"
+    model_file.write_bytes(b"weights" * 1000)
+    hashed = []
+    real = onnx_export._sha256
+    monkeypatch.setattr(onnx_export, "_sha256", lambda path: hashed.append(path) or real(path))
+    first = onnx_export._remembered_sha256(model_file, tmp_path)
+    assert onnx_export._remembered_sha256(model_file, tmp_path) == first and len(hashed) == 1  # from the memo
+    model_file.write_bytes(b"weights" * 999)  # torn: another size
+    assert onnx_export._remembered_sha256(model_file, tmp_path) == real(model_file) != first
+    stat = model_file.stat()
+    model_file.write_bytes(b"WEIGHTS" * 999)  # the same size, rewritten: another time
+    os.utime(model_file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
+    assert onnx_export._remembered_sha256(model_file, tmp_path) == real(model_file)
+    assert len(hashed) == 3
+    (tmp_path / onnx_export.MEMO_FILE).write_text("[torn")  # a damaged memo is hashing again, not an error
+    assert onnx_export._remembered_sha256(model_file, tmp_path) == real(model_file)

@@ -23,6 +23,7 @@ import numpy as np
 # Bump when the exported graph or the quantisation changes, so old cache entries are not reused.
 EXPORT_RECIPE = "2"
 FP32_FILE, INT8_FILE, MANIFEST = "model.onnx", "model_int8.onnx", "manifest.json"
+MEMO_FILE = "sha256-memo.json"  # in the cache folder: size, time and sha256 of each file hashed before
 MODEL_FILES = (FP32_FILE, INT8_FILE)
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 # Agreement with the torch model that an export must reach on a probe sentence before it is kept.
@@ -48,17 +49,43 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def cache_key(model_path: str | Path) -> str:
+def _remembered_sha256(path: Path, memo_dir: Path) -> str:
+    """The file's sha256, read again only when its size or modification time differ from those recorded in
+    memo_dir's MEMO_FILE: hashing the model and its exports (200 MB) cost every process start a quarter of a
+    second. A file rewritten in place gets a new time, so a torn or replaced file is still hashed again."""
+    memo_path = memo_dir / MEMO_FILE
+    try:
+        memo = json.loads(memo_path.read_text())
+    except (OSError, ValueError):
+        memo = {}
+    stat, key = path.stat(), str(path.resolve())
+    seen = memo.get(key) if isinstance(memo, dict) else None
+    if isinstance(seen, list) and seen[:2] == [stat.st_size, stat.st_mtime_ns]:
+        return str(seen[2])
+    digest = _sha256(path)
+    memo = memo if isinstance(memo, dict) else {}
+    memo[key] = [stat.st_size, stat.st_mtime_ns, digest]
+    try:  # a cache of a cache: a read-only or full disk only costs the next start the hashing
+        memo_dir.mkdir(parents=True, exist_ok=True)
+        scratch = memo_dir / f".{MEMO_FILE}.{os.getpid()}"
+        scratch.write_text(json.dumps(memo))
+        os.replace(scratch, memo_path)
+    except OSError:
+        pass
+    return digest
+
+
+def cache_key(model_path: str | Path, cache_dir: str | Path | None = None) -> str:
     """The model's files, the recipe and the versions that shape the exported graph."""
     digest = hashlib.sha256(f"{EXPORT_RECIPE}|{version('torch')}|{version('onnxruntime')}".encode())
-    folder = Path(model_path)
+    folder, memo_dir = Path(model_path), Path(cache_dir or default_cache_dir())
     for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in (".json", ".txt", ".safetensors", ".bin")):
-        digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + _sha256(path).encode())
+        digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + _remembered_sha256(path, memo_dir).encode())
     return digest.hexdigest()[:16]
 
 
 def cache_entry(model_path: str | Path, cache_dir: str | Path | None = None) -> Path:
-    return Path(cache_dir or default_cache_dir()) / f"{Path(model_path).name}-{cache_key(model_path)}"
+    return Path(cache_dir or default_cache_dir()) / f"{Path(model_path).name}-{cache_key(model_path, cache_dir)}"
 
 
 def cached_session(model_path: str | Path, quantised: bool, cache_dir: str | Path | None = None):
@@ -94,7 +121,7 @@ def check_entry(entry: Path) -> str:
         for name in MODEL_FILES:
             if not (entry / name).is_file():
                 return f"{name} is missing"
-            if _sha256(entry / name) != manifest["sha256"][name]:
+            if _remembered_sha256(entry / name, entry.parent) != manifest["sha256"][name]:
                 return f"{name} does not match the sha256 in {MANIFEST}"
     except (OSError, ValueError, KeyError, TypeError) as error:
         return f"{MANIFEST} unreadable: {error}"
