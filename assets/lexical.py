@@ -48,7 +48,7 @@ def _ledger_totals(index: IndexResource, run_id: str) -> dict:
     """This run's model calls from the cost ledger (the one source of cost figures), its failed calls by reason
     and the chunks the open circuit breaker did not send."""
     ledger = index.ledger()
-    frame = ledger.read()
+    frame = ledger.read(run_id=run_id)  # only the parts that may hold this run: the ledger grows with every run
     totals = ledger.totals(by=["stage"], run_id=run_id, frame=frame)
     failures = lexical.llm_failure_figures(frame, run_id)
     extraction = totals.filter(pl.col("stage") == lexical.EXTRACTION_STAGE)
