@@ -108,6 +108,8 @@ def _top_k(rows: np.ndarray, cols: np.ndarray, sims: np.ndarray, k: int) -> tupl
     """
     keep = sims > 0
     rows, cols, sims = rows[keep], cols[keep], sims[keep]
+    if len(rows) > _FEW_CANDIDATES:
+        rows, cols, sims = _contenders(rows, cols, sims, k)
     order = np.lexsort((cols, -sims, rows))
     rows, cols, sims = rows[order], cols[order], sims[order]
     index = np.arange(len(rows))
@@ -116,6 +118,30 @@ def _top_k(rows: np.ndarray, cols: np.ndarray, sims: np.ndarray, k: int) -> tupl
     rank = index - np.maximum.accumulate(np.where(first, index, 0))
     chosen = rank < k
     return rows[chosen], cols[chosen], sims[chosen], rank[chosen]
+
+
+# Above this many candidates, _top_k first drops those that cannot make their row's top k (one sort of one
+# key instead of a three-key lexsort of them all: the lexical search of 5,700 lists took 0.5 s ranking).
+_FEW_CANDIDATES = 8192
+
+
+def _contenders(rows: np.ndarray, cols: np.ndarray, sims: np.ndarray, k: int) -> Triples:
+    """The candidates whose similarity reaches their row's k-th best, less a margin: a superset of each
+    row's top k, ties included. Sorted by one float key, row first then similarity descending; the
+    key's rounding can misorder only similarities closer than the margin, which keeps them all."""
+    key = rows * 2.0 + (1.0 - sims)
+    margin = 4 * np.spacing(2.0 * float(rows.max()) + 2.0)
+    order = np.argsort(key)
+    rows, cols, sims = rows[order], cols[order], sims[order]
+    index = np.arange(len(rows))
+    first = np.ones(len(rows), dtype=bool)
+    first[1:] = rows[1:] != rows[:-1]
+    start = np.maximum.accumulate(np.where(first, index, 0))
+    end = np.append(np.flatnonzero(first)[1:], len(rows))[np.cumsum(first) - 1]
+    kth = start + k - 1
+    floor = np.where(kth < end, sims[np.minimum(kth, len(sims) - 1)] - margin, -np.inf)
+    keep = sims >= floor
+    return rows[keep], cols[keep], sims[keep]
 
 
 def _spread(array: np.ndarray, old_to_new: np.ndarray, total: int) -> np.ndarray:
