@@ -49,14 +49,6 @@ LEXICAL_NODES = ("Statement", "Topic", "Fact", "Entity")
 LEXICAL_RELS = {"EXTRACTED_FROM": ("Statement", "Chunk"), "BELONGS_TO": ("Statement", "Topic"),
                 "TOPIC_OF": ("Topic", "Source"), "SUPPORTS": ("Fact", "Statement"), "SUBJECT": ("Entity", "Fact"),
                 "OBJECT": ("Entity", "Fact"), "RELATED": ("Entity", "Entity"), "MENTIONED_IN": ("Entity", "Chunk")}
-# Both node tables of every rel table, for edges written by their nodes' primary keys.
-REL_ENDS = {"PART_OF": ("Chunk", "Source"), "NEXT": ("Chunk", "Chunk"), "SIMILAR": ("Chunk", "Chunk"),
-            "KEYWORD_IN": ("Keyword", "Chunk"), **LEXICAL_RELS}
-# Up to this many rows are written with CREATE, more with COPY. COPY rewrites the node groups it touches at
-# once; CREATEd rows wait in the WAL for the checkpoint (at close), where the same rewrite happens. Into the
-# 2.65M-edge SIMILAR table the two cost the same up to ~1,000 edges and COPY wins from 2,000; only CREATE
-# leaves a checkpoint that could be deferred (docs/perf/kuzu_writes.md).
-CREATE_MAX_ROWS = 1_000
 # How long a writer waits for another process to finish before giving up with a clear error.
 WRITER_WAIT_SECONDS = 600.0
 
@@ -325,41 +317,8 @@ class GraphStore:
         return self.edge_count(rel, *LEXICAL_RELS[rel], where="a.doc_id IN $ids", params={"ids": doc_ids})
 
     def _copy(self, table: str, frame: pl.DataFrame) -> None:
-        """Rows in the table's column order (an edge's `from` and `to` first); an edge's nodes must exist,
-        else nothing is written and RuntimeError says so."""
-        if not frame.height:
-            return
-        if frame.height <= CREATE_MAX_ROWS:
-            self._create(table, frame)
-            return
-        rows = frame.to_arrow()  # noqa: F841  (Kùzu scans the local variable by name)
-        self.conn.execute(f"COPY {table} FROM rows")
-
-    def _create(self, table: str, frame: pl.DataFrame) -> None:
-        """What COPY does, as one CREATE statement: its rows are checkpointed with the rest of the writes."""
-        rows = {"rows": frame.to_arrow().rename_columns([f"v_{i}" for i in range(frame.width)])}
-        if table not in REL_ENDS:
-            sets = ", ".join(f"{name}: v_{i}" for i, name in enumerate(self._properties(table, frame.width)))
-            self.conn.execute(f"LOAD FROM $rows CREATE (:{table} {{{sets}}})", rows)
-            return
-        source, target = REL_ENDS[table]
-        sets = ", ".join(f"{name}: v_{i}" for i, name in enumerate(self._properties(table, frame.width - 2), start=2))
-        self.conn.execute("BEGIN TRANSACTION")  # an error inside rolls it back
-        # each end joined on its id: a pattern of two id lookups is planned as a cross product of the tables
-        made = self._count(f"LOAD FROM $rows MATCH (a:{source}) WHERE a.id = v_0 MATCH (b:{target}) WHERE b.id = v_1 "
-                           f"CREATE (a)-[:{table} {{{sets}}}]->(b) RETURN count(*)", rows)
-        if made != frame.height:  # as COPY: an edge whose node is missing fails the whole batch
-            self.conn.execute("ROLLBACK")
-            raise RuntimeError(f"{frame.height - made} of {frame.height} {table} edges name a {source} or {target} "
-                               "node that is not in the graph; none written")
-        self.conn.execute("COMMIT")
-
-    def _properties(self, table: str, columns: int) -> list[str]:
-        """The table's properties in column order (of a rel table: after from and to), as many as COPY takes."""
-        names = self.conn.execute(f"CALL table_info('{table}') RETURN name").get_as_pl()["name"].to_list()
-        if columns != len(names):
-            raise RuntimeError(f"{table} has {len(names)} properties ({', '.join(names)}); {columns} columns given")
-        return names
+        if frame.height:
+            self.conn.execute(f"COPY {table} FROM $rows", {"rows": frame.to_arrow()})
 
     def _count(self, cypher: str, parameters: dict | None = None) -> int:
         """Run a statement that returns count(*)."""
