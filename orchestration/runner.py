@@ -11,6 +11,7 @@ import os
 import re
 import socket
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,6 +86,7 @@ def ingest_folder(folder: str | Path, instance: dg.DagsterInstance, home: str | 
     report = IngestReport(abandoned_runs=fail_abandoned_runs(instance))
     vectors = defs.resources["lancedb"].get()
     files = scan_folder(folder)
+    preload = _load_embedder_early(defs, files, vectors.indexed_hashes())
     report.repaired, damaged = drop_damaged_documents(ExtractStore(settings.extract_dir), vectors, files)
     indexed = vectors.indexed_hashes()
     existing = instance.get_dynamic_partitions(documents.name)
@@ -100,7 +102,8 @@ def ingest_folder(folder: str | Path, instance: dg.DagsterInstance, home: str | 
     for key in requests.delete_partitions:
         instance.delete_dynamic_partition(documents.name, key)
     runs = requests.run_requests
-    with _reporter(progress, len(runs) + int(corpus)) as reporter, stage_progress.reporting(reporter):
+    with _reporter(progress, len(runs) + int(corpus)) as reporter, stage_progress.reporting(reporter), \
+            _joined(preload):
         for request in runs:
             reporter.next_run()
             reporter.start("purging" if request.job_name == "purge_documents" else "reading",
@@ -251,6 +254,33 @@ def reextract_with_default_instance(**options) -> ReextractReport:
     instance = dg.DagsterInstance.get() if home else dg.DagsterInstance.ephemeral()
     with instance:
         return reextract_index(instance, **options)
+
+
+def _load_embedder_early(defs: dg.Definitions, files: dict[str, FileState],
+                         indexed: dict[str, str]) -> threading.Thread | None:
+    """When a file is new or changed, load the embedding model in a thread while the catalog is checked and
+    the run starts: onnxruntime reads and builds its session outside the GIL, about a second the first
+    document's chunking otherwise waits for (Embedder.shared hands the step the same model). A failure is
+    left to the step's own load, which names it."""
+    if not any(state.content_hash != indexed.get(doc_id) and not state.problem for doc_id, state in files.items()):
+        return None
+
+    def load() -> None:
+        with contextlib.suppress(Exception):
+            defs.resources["embedder"].get()
+
+    thread = threading.Thread(target=load, name="lexgraph-embedder-load", daemon=True)
+    thread.start()
+    return thread
+
+
+@contextlib.contextmanager
+def _joined(thread: threading.Thread | None):
+    try:
+        yield
+    finally:
+        if thread is not None:
+            thread.join()
 
 
 def drop_damaged_documents(store: ExtractStore, vectors: VectorStore,
