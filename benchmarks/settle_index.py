@@ -7,7 +7,9 @@ fresh-process adds (benchmarks.fresh_add) measure the steady state, not a one-of
 Steps, each skipped when already done: the KNN save rewritten in its current format; the chunk rows' former
 PageRank and skeleton columns dropped (they live in the chunk_scores table); the keyword index rewritten as
 Arrow; the lexical graph's saved state written (a rebuild of the same graph, nothing
-embedded); the LanceDB tables compacted, keeping no old version (nothing else reads a cached index).
+embedded), or one saved as Parquet written again as Arrow; the record of extract files verified whole
+written; the keyword links' record regrouped a row per document; the LanceDB tables compacted, keeping no
+old version (nothing else reads a cached index).
 """
 import json
 import sys
@@ -15,11 +17,11 @@ import time
 from datetime import timedelta
 
 from lexgraph.build import corpus_index as ci
-from lexgraph.build import lexical
+from lexgraph.build import lexical, lexical_diff
 from lexgraph.extract.embedder import Embedder
 from lexgraph.settings import Settings
-from lexgraph.storage import lance_maintenance
-from lexgraph.storage.extract_store import ExtractStore
+from lexgraph.storage import lance_indexes, lance_maintenance
+from lexgraph.storage.extract_store import ExtractStore, verify_extracts
 from lexgraph.storage.graph_store import GraphStore
 from lexgraph.storage.vector_store import CHUNKS, VectorStore
 
@@ -51,12 +53,34 @@ def chunk_score_columns(vectors: VectorStore) -> str:
 
 def lexical_state(settings: Settings, files: ci.CorpusFiles, vectors: VectorStore, embedder) -> str:
     if (files.lexical_state / "state.json").exists():
+        state, why = lexical_diff.load_state(files.lexical_state)
+        if state is None:
+            return f"saved state not usable ({why}): the next update rebuilds it"
+        if any((files.lexical_state / state.generation).glob("*.parquet")):
+            lexical_diff.save_state(files.lexical_state, state)
+            return "state saved before as Parquet, written again as Arrow"
         return "state already saved"
     with GraphStore.writer(settings.graph_path) as graph:
         result = lexical.build_lexical_graph(sorted(vectors.indexed_hashes()), ExtractStore(settings.extract_dir),
                                              graph, vectors, embedder, run_id="settle",
                                              state_dir=files.lexical_state)
     return f"{result.mode} ({result.reason}), embedded {result.embedded}"
+
+
+def verified_extracts(settings: Settings, vectors: VectorStore) -> str:
+    from orchestration.runner import INDEXED_STAGES
+
+    problems = verify_extracts(ExtractStore(settings.extract_dir), vectors.indexed_hashes(), INDEXED_STAGES)
+    return f"record written, {len(problems)} document(s) with a problem"
+
+
+def keyword_links_record(files: ci.CorpusFiles) -> str:
+    path = files.root / lance_indexes.LINK_DOCS_FILE
+    record = lance_indexes._read_record(path) if path.exists() else None
+    if record is None:
+        return "no record (the next search_indexes rewrites the table)"
+    lance_indexes._write_record(path, record)
+    return f"{record.height} documents' rows written a row per document"
 
 
 def main() -> None:
@@ -67,6 +91,8 @@ def main() -> None:
     timed("chunk rows' score columns", lambda: chunk_score_columns(vectors))
     timed("keyword index", lambda: keyword_index(files, embedder.dimension))
     timed("lexical state", lambda: lexical_state(settings, files, vectors, embedder))
+    timed("extract files verified", lambda: verified_extracts(settings, vectors))
+    timed("keyword links record", lambda: keyword_links_record(files))
     lance_maintenance.KEEP_VERSIONS = timedelta(0)
     timed("lance tables", lambda: json.dumps([(t["table"], t["decision"], t["fragments_after"])
                                               for t in lance_maintenance.compact_tables(vectors)]))
