@@ -207,7 +207,7 @@ class AnnBase:
 
 # A save keeps a journal of the vectors added since the last whole HNSW file while they are at most this
 # share of it: rewriting the file (168 MB at 100k chunks) took each add 0.1-0.6 s, re-adding 1% of the
-# vectors on load ~0.1 s.
+# vectors on load (500 took 0.06-0.1 s) ~0.2 s.
 ANN_JOURNAL_SHARE = 100
 
 
