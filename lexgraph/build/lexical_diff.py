@@ -43,15 +43,15 @@ COUNTED_BY_DOCUMENT = ("EXTRACTED_FROM", "BELONGS_TO")
 # Past this share of the documents (and this many), a rebuild is cheaper than the diff: deleting a document's
 # share goes row by row, dropping and recreating the tables does not.
 REBUILD_SHARE, REBUILD_MIN_DOCUMENTS = 0.25, 50
+KEY, PAIR = "_key", "_pair"
+ROW_TABLES = (ENTITIES, FACTS, RELATIONS)
+FRAMES = (*GLOBAL_NODES, *GLOBAL_RELS, "merges")
 
 
 def rewrite_is_cheaper(changed: int, total: int) -> bool:
     """A store diff over this many of `total` documents costs more than writing the store again (Kùzu
     deletes edges one by one: a diff over every document of a 100k-chunk corpus ran for over 10 minutes)."""
     return changed >= REBUILD_MIN_DOCUMENTS and changed > REBUILD_SHARE * total
-KEY, PAIR = "_key", "_pair"
-ROW_TABLES = (ENTITIES, FACTS, RELATIONS)
-FRAMES = (*GLOBAL_NODES, *GLOBAL_RELS, "merges")
 
 
 def lexical_signature(store, doc_id: str) -> str | None:
