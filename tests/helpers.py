@@ -3,6 +3,8 @@ import logging
 from pathlib import Path
 
 import dagster as dg
+import numpy as np
+import polars as pl
 
 from lexgraph.storage.graph_store import GraphStore
 from lexgraph.settings import Settings
@@ -59,3 +61,18 @@ class LogLines(logging.Handler):
 
     def emit(self, record):
         self.lines.append(record.getMessage())
+
+
+def clustered_corpus(n: int, seed: int, doc_size: int, vocabulary: int, dim: int = 16
+                     ) -> tuple[pl.DataFrame, np.ndarray, pl.DataFrame]:
+    """n chunks (doc_size to a document) whose unit vectors sit around 8 centres, each with 6 words drawn from
+    `vocabulary`: (chunk_id, doc_id), vectors, (chunk_id, words), for the KNN graph's tests."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(8, dim))
+    raw = centres[rng.integers(0, 8, n)] + 0.3 * rng.normal(size=(n, dim))
+    vectors = (raw / np.linalg.norm(raw, axis=1, keepdims=True)).astype(np.float32)
+    chunks = pl.DataFrame({"chunk_id": [f"c{i:04d}" for i in range(n)],
+                           "doc_id": [f"d{i // doc_size:03d}" for i in range(n)]})
+    words = chunks.select("chunk_id").with_columns(
+        pl.Series("words", [sorted({f"w{j}" for j in rng.integers(0, vocabulary, 6)}) for _ in range(n)]))
+    return chunks, vectors, words

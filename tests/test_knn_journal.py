@@ -13,19 +13,13 @@ import pytest
 from lexgraph.build import corpus_index as ci
 from lexgraph.build.corpus_index import CorpusFiles, update_knn
 from lexgraph.build.knn import semantic_knn
+from tests.helpers import clustered_corpus
 
 BASE = 700  # chunks of the first save; a journal holds at most BASE // ANN_JOURNAL_SHARE vectors
 
 
-def corpus(n: int, dim: int = 16, seed: int = 3) -> tuple[pl.DataFrame, np.ndarray, pl.DataFrame]:
-    rng = np.random.default_rng(seed)
-    centres = rng.normal(size=(8, dim))
-    raw = centres[rng.integers(0, 8, n)] + 0.3 * rng.normal(size=(n, dim))
-    vectors = (raw / np.linalg.norm(raw, axis=1, keepdims=True)).astype(np.float32)
-    chunks = pl.DataFrame({"chunk_id": [f"c{i:04d}" for i in range(n)], "doc_id": [f"d{i // 2:03d}" for i in range(n)]})
-    words = chunks.select("chunk_id").with_columns(
-        pl.Series("words", [sorted({f"w{j}" for j in rng.integers(0, 60, 6)}) for _ in range(n)]))
-    return chunks, vectors, words
+def corpus(n: int, seed: int = 3) -> tuple[pl.DataFrame, np.ndarray, pl.DataFrame]:
+    return clustered_corpus(n, seed, doc_size=2, vocabulary=60)
 
 
 def update(files: CorpusFiles, n: int, data, drop: tuple[str, ...] = ()) -> ci.KnnResult:
