@@ -388,7 +388,10 @@ def run_error(result: dg.ExecuteInProcessResult) -> str:
 
 
 def _cause(error) -> str:
-    while error.cause is not None:
+    """The message of the error the step raised, under Dagster's own wrappers. Not the innermost cause: a
+    lexgraph error names what the library error it wraps does not (ModelFilesError names the model file
+    whose parse failed; the tokenizers package's bare Exception only says where in the file)."""
+    while error.cause is not None and (error.cls_name.startswith("Dagster") or error.cls_name == "Failure"):
         error = error.cause
     message = error.message.strip()
     if error.cls_name in ("Failure", "DagsterExecutionStepExecutionError"):

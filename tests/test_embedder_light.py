@@ -170,3 +170,20 @@ def test_damaged_tokenizer_configuration_and_an_unknown_padding_token_are_named(
     (folder / "tokenizer_config.json").write_text(json.dumps({"pad_token": "[NOT-IN-VOCAB]"}))
     with pytest.raises(ModelFilesError, match=r"the padding token '\[NOT-IN-VOCAB\]' is not in the tokenizer's vocabulary"):
         Embedder(str(folder), backend="onnx", onnx_cache=tmp_path / "cache")
+
+
+def test_a_damaged_model_file_is_named_in_every_documents_failure(tmp_path, monkeypatch, instance):
+    """The ingest report names the file, not only the parser's complaint about a line of it."""
+    from orchestration.runner import ingest_folder
+
+    folder = copy_model(tmp_path)
+    (folder / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "Wo\n')  # a torn write
+    monkeypatch.setenv("LEXGRAPH_EMBED_MODEL", str(folder))
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    for name in ("a.md", "b.md"):
+        (inbox / name).write_text(f"# {name}\n\nKestrel Propulsion supplies the engines.\n")
+    report = ingest_folder(inbox, instance, home=str(tmp_path / "home"), progress=False)
+    assert len(report.failed) == 2 and report.new == 2
+    for message in report.failed.values():
+        assert "document_chunks: ModelFilesError: " in message and "model copy/tokenizer.json: unreadable tokenizer" in message
