@@ -76,9 +76,9 @@ def verified_extracts(settings: Settings, vectors: VectorStore) -> str:
 
 def keyword_links_record(files: ci.CorpusFiles) -> str:
     path = files.root / lance_indexes.LINK_DOCS_FILE
-    record = lance_indexes._read_record(path) if path.exists() else None
+    record, why = lance_indexes._read_record(path)
     if record is None:
-        return "no record (the next search_indexes rewrites the table)"
+        return f"{why} (the next search_indexes rewrites the table)"
     lance_indexes._write_record(path, record)
     return f"{record.height} documents' rows written a row per document"
 

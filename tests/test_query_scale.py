@@ -247,6 +247,13 @@ def test_keyword_links_are_updated_by_document_and_end_equal_to_a_rewrite(lance_
     (corpus / li.LINK_DOCS_FILE).unlink()
     assert li.update_keyword_links(store, corpus, li.DocumentLinks(full, read))["keyword_links_mode"] == "rewritten"
     assert _links_table(store) == everything
+    # a torn record, or a file of another kind: rewritten whole too, and said why (it failed every update before)
+    for damaged in ((corpus / li.LINK_DOCS_FILE).read_bytes()[:200], b"PAR1 not a record PAR1"):
+        (corpus / li.LINK_DOCS_FILE).write_bytes(damaged)
+        report = li.update_keyword_links(store, corpus, li.DocumentLinks(smaller, read))
+        assert report["keyword_links_mode"] == "rewritten" and "unreadable" in report["keyword_links_reason"]
+        assert _links_table(store) == expected(smaller)
+    assert li.update_keyword_links(store, corpus, li.DocumentLinks(smaller, read))["keyword_links_mode"] == "unchanged"
 
 
 def test_a_documents_links_are_told_apart_whatever_its_chunk_order_width():

@@ -155,12 +155,13 @@ def update_keyword_links(store: VectorStore, corpus_dir: Path, links: DocumentLi
     since it was written (recorded in LINK_DOCS_FILE); no table or no record: rewritten whole. Idempotent, so a
     kill between the table write and the record's leaves a state the next run repairs."""
     record_path = Path(corpus_dir) / LINK_DOCS_FILE
-    record = _read_record(record_path)
+    record, why = _read_record(record_path)
     if record is None or KEYWORD_LINKS not in store.table_names():
         fresh = links.read(sorted(links.catalog))
         written = write_keyword_links(store, fresh)
         _write_record(record_path, _record_rows(fresh, links.catalog))
-        return {"keyword_links_mode": "rewritten", "documents_read": len(links.catalog), "keyword_links": written}
+        return {"keyword_links_mode": "rewritten", "documents_read": len(links.catalog), "keyword_links": written,
+                "keyword_links_reason": why if record is None else "no keyword_links table"}
     held = dict(zip(record["doc_id"].to_list(), record["hash"].to_list()))
     changed = sorted(d for d, h in links.catalog.items() if held.get(d) != h)
     replaced = sorted(d for d in held if links.catalog.get(d) != held[d])
@@ -191,14 +192,20 @@ def update_keyword_links(store: VectorStore, corpus_dir: Path, links: DocumentLi
             "keywords_written": rows.height, "keywords_deleted": len(touched) - rows.height}
 
 
-def _read_record(path: Path) -> pl.DataFrame | None:
+def _read_record(path: Path) -> tuple[pl.DataFrame | None, str]:
+    """The record, or None and why not: missing, or unreadable (torn, of another layout), when the table is
+    written whole again rather than failing every update."""
     if not path.exists():
-        return None
-    record = pl.read_parquet(path)
-    if "keyword" in record.columns:  # written before one row per document: one row per (document, keyword)
-        record = record.group_by("doc_id").agg(pl.col("hash").first(),
-                                                pl.col("keyword").drop_nulls().sort().alias("keywords"))
-    return record.select(pl.col("doc_id", "hash").cast(pl.String), pl.col("keywords").cast(pl.List(pl.String)))
+        return None, "no record of the documents the table holds"
+    try:
+        record = pl.read_parquet(path)
+        if "keyword" in record.columns:  # written before one row per document: one row per (document, keyword)
+            record = record.group_by("doc_id").agg(pl.col("hash").first(),
+                                                    pl.col("keyword").drop_nulls().sort().alias("keywords"))
+        return record.select(pl.col("doc_id", "hash").cast(pl.String),
+                             pl.col("keywords").cast(pl.List(pl.String))), ""
+    except (Exception, pl.exceptions.PanicException) as error:  # noqa: BLE001 - any damage: rewrite
+        return None, f"{path.name} unreadable ({type(error).__name__}: {str(error).splitlines()[0][:160]})"
 
 
 def _record_rows(links: pl.DataFrame, hashes: dict[str, str]) -> pl.DataFrame:
