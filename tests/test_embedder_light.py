@@ -134,22 +134,25 @@ def copy_model(tmp_path):
     return target
 
 
+def assert_refused(folder, tmp_path, match: str) -> None:
+    """The onnx embedder refuses the model folder with a ModelFilesError matching `match`."""
+    with pytest.raises(ModelFilesError, match=match):
+        Embedder(str(folder), backend="onnx", onnx_cache=tmp_path / "cache")
+
+
 def test_damaged_tokenizer_file_is_named(tmp_path):
     folder = copy_model(tmp_path)
     (folder / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "Wo')  # a torn write
-    with pytest.raises(ModelFilesError, match=r"model copy/tokenizer\.json: unreadable tokenizer"):
-        Embedder(str(folder), backend="onnx", onnx_cache=tmp_path / "cache")
+    assert_refused(folder, tmp_path, r"model copy/tokenizer\.json: unreadable tokenizer")
     (folder / "tokenizer.json").write_text(json.dumps({"version": "1.0"}))
-    with pytest.raises(ModelFilesError, match=r"tokenizer\.json"):
-        Embedder(str(folder), backend="onnx", onnx_cache=tmp_path / "cache")
+    assert_refused(folder, tmp_path, r"tokenizer\.json")
     assert not (tmp_path / "cache").exists()  # refused before any export was tried
 
 
 def test_damaged_model_configuration_is_named(tmp_path):
     folder = copy_model(tmp_path)
     (folder / "config.json").write_text("{\"max_position")
-    with pytest.raises(ModelFilesError, match=r"model copy/config\.json: unreadable model configuration"):
-        Embedder(str(folder), backend="onnx", onnx_cache=tmp_path / "cache")
+    assert_refused(folder, tmp_path, r"model copy/config\.json: unreadable model configuration")
 
 
 def test_folder_without_tokenizer_file_uses_the_transformers_tokenizer(tmp_path, light, texts):
@@ -165,11 +168,9 @@ def test_folder_without_tokenizer_file_uses_the_transformers_tokenizer(tmp_path,
 def test_damaged_tokenizer_configuration_and_an_unknown_padding_token_are_named(tmp_path):
     folder = copy_model(tmp_path)
     (folder / "tokenizer_config.json").write_text('{"pad_token": ')  # a torn write
-    with pytest.raises(ModelFilesError, match=r"model copy/tokenizer_config\.json: unreadable tokenizer configuration"):
-        Embedder(str(folder), backend="onnx", onnx_cache=tmp_path / "cache")
+    assert_refused(folder, tmp_path, r"model copy/tokenizer_config\.json: unreadable tokenizer configuration")
     (folder / "tokenizer_config.json").write_text(json.dumps({"pad_token": "[NOT-IN-VOCAB]"}))
-    with pytest.raises(ModelFilesError, match=r"the padding token '\[NOT-IN-VOCAB\]' is not in the tokenizer's vocabulary"):
-        Embedder(str(folder), backend="onnx", onnx_cache=tmp_path / "cache")
+    assert_refused(folder, tmp_path, r"the padding token '\[NOT-IN-VOCAB\]' is not in the tokenizer's vocabulary")
 
 
 def test_a_damaged_model_file_is_named_in_every_documents_failure(tmp_path, monkeypatch, instance):
