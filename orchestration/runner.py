@@ -86,9 +86,11 @@ def ingest_folder(folder: str | Path, instance: dg.DagsterInstance, home: str | 
     report = IngestReport(abandoned_runs=fail_abandoned_runs(instance))
     vectors = defs.resources["lancedb"].get()
     files = scan_folder(folder)
-    preload = _load_embedder_early(defs, files, vectors.indexed_hashes())
-    report.repaired, damaged = drop_damaged_documents(ExtractStore(settings.extract_dir), vectors, files)
     indexed = vectors.indexed_hashes()
+    preload = _load_embedder_early(defs, files, indexed)
+    report.repaired, damaged = drop_damaged_documents(ExtractStore(settings.extract_dir), vectors, files, indexed)
+    if report.repaired:  # taken out of the catalog
+        indexed = vectors.indexed_hashes()
     existing = instance.get_dynamic_partitions(documents.name)
     requests = reconcile(files, indexed, existing, purge=prune, index_dir=settings.index_dir)
     plan = requests.plan
@@ -283,12 +285,13 @@ def _joined(thread: threading.Thread | None):
             thread.join()
 
 
-def drop_damaged_documents(store: ExtractStore, vectors: VectorStore,
-                           files: dict[str, FileState]) -> tuple[dict[str, str], dict[str, str]]:
-    """Indexed documents with a truncated, damaged or missing extract file: those whose inbox file can be
-    read are taken out of the catalog (and their damaged files deleted) so reconcile re-ingests them;
-    the others are returned as failures that name the file. -> (repaired, damaged)."""
-    problems = verify_extracts(store, vectors.indexed_hashes(), INDEXED_STAGES)
+def drop_damaged_documents(store: ExtractStore, vectors: VectorStore, files: dict[str, FileState],
+                           indexed: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """Indexed documents (`indexed`: the catalog as read from `vectors`) with a truncated, damaged or missing
+    extract file: those whose inbox file can be read are taken out of the catalog (and their damaged files
+    deleted) so reconcile re-ingests them; the others are returned as failures that name the file.
+    -> (repaired, damaged)."""
+    problems = verify_extracts(store, indexed, INDEXED_STAGES)
     repaired = {d: p for d, p in problems.items() if d in files and not files[d].problem}
     damaged = {d: f"{p}; the document cannot be re-ingested: " + (
                    f"its file is no longer in the inbox (`lexgraph ingest --prune` removes it from the index)"

@@ -217,7 +217,7 @@ def corpus_index_sensor(context: dg.SensorEvaluationContext, index: IndexResourc
                                  f"retrying in {wait:.0f}s")
         # a damaged extract file fails every retry: send its document back to the inbox sensor first
         repaired, _ = drop_damaged_documents(index.extract_store(), vectors, scan_folder(
-            inbox.root(), ScanCache(index.settings().index_dir, inbox.root()).load()))
+            inbox.root(), ScanCache(index.settings().index_dir, inbox.root()).load()), indexed)
         if repaired:
             context.log.warning(f"damaged extract files, documents sent back for re-ingestion: {repaired}")
             return dg.SkipReason(f"{len(repaired)} document(s) with damaged extract files go back for "
