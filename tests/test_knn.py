@@ -265,3 +265,21 @@ def test_approximate_mode_finds_nearly_all_exact_neighbours_and_updates():
     graph.remove(removed[30:])  # over a quarter of the index dead: it is rebuilt
     assert not set(graph.state_frame()["neighbor_id"]) & set(removed)
     assert recall(graph, ~np.isin(ids, removed)) > 0.9
+
+
+def test_spread_moves_rows_in_place_or_copies_and_both_place_every_row_where_the_map_says():
+    rng = np.random.default_rng(0)
+    for old_to_new, total, in_place in ((np.array([0, 1, 3, 4, 7, 8, 9]), 11, True),  # rows only inserted
+                                        (np.array([2, 3, 4]), 5, True),  # inserted at the front
+                                        (np.array([0, 2, 1]), 4, False)):  # not increasing: copied
+        rows = rng.integers(0, 1000, (len(old_to_new), 3)).astype(np.int32)
+        owned = rows.copy()
+        grown = knn._spread(owned, old_to_new, total)
+        assert (grown is owned) == in_place and grown.shape == (total, 3)
+        assert np.array_equal(grown[old_to_new], rows)
+        # arrays another array may refer to, or not laid out row by row, are always copied
+        view = np.zeros((len(old_to_new) + 2, 3), np.int32)[:len(old_to_new)]
+        view[:] = rows
+        for shared in (view, np.asfortranarray(rows)):
+            grown = knn._spread(shared, old_to_new, total)
+            assert grown is not shared and np.array_equal(grown[old_to_new], rows)
