@@ -136,3 +136,44 @@ def test_a_save_killed_after_its_journal_leaves_the_previous_save_in_use(tmp_pat
     assert result.semantic.added == 2
     assert result.edges.sort("src", "dst", "kind").equals(killed.edges.sort("src", "dst", "kind"))
     assert not files.ann_journal(killed.generation).exists()  # the orphan is deleted with the older saves
+
+
+def _rewritten(path, table_of) -> None:
+    import pyarrow.parquet as pq
+
+    pq.write_table(table_of(pq.read_table(path)), path)
+
+
+@pytest.mark.parametrize("damage", ["no_base", "base_total", "dimension", "batches_down", "batch_gap"])
+def test_a_journal_that_does_not_fit_its_base_is_refused_with_the_reason(tmp_path, damage):
+    import pyarrow as pa
+
+    data = corpus(BASE + 10, seed=7)
+    files = CorpusFiles(tmp_path)
+    update(files, BASE, data)
+    update(files, BASE + 2, data)
+    latest = update(files, BASE + 5, data)  # a journal of two batches (2 and 3 vectors)
+    journal = files.ann_journal(latest.generation)
+    listed = lambda t: t.schema.metadata  # noqa: E731
+    if damage == "no_base":
+        _rewritten(journal, lambda t: t.replace_schema_metadata(
+            {k: v for k, v in listed(t).items() if k not in (ci.ANN_BASE, ci.ANN_BASE_TOTAL)}))
+    elif damage == "base_total":
+        _rewritten(journal, lambda t: t.replace_schema_metadata({**listed(t), ci.ANN_BASE_TOTAL: str(BASE + 1).encode()}))
+    elif damage == "dimension":
+        def narrower(t):
+            flat = t.column("vector").combine_chunks().values.to_numpy().reshape(t.num_rows, -1)[:, :-1]
+            vectors = pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), flat.shape[1])
+            return t.set_column(1, "vector", vectors).replace_schema_metadata(listed(t))
+        _rewritten(journal, narrower)
+    else:
+        batches = {"batches_down": [1, 1, 0, 0, 0], "batch_gap": [0, 0, 2, 2, 2]}[damage]
+        _rewritten(journal, lambda t: t.set_column(0, "batch", pa.array(batches, pa.int32())).replace_schema_metadata(
+            listed(t)))
+    result = update(files, BASE + 6, data)
+    expected = {"no_base": "a journal without its base",
+                "base_total": f"its base index holds {BASE} vectors, not {BASE + 1}",
+                "dimension": "its vectors are not of the index's dimension",
+                "batches_down": "its batches are out of order", "batch_gap": "its batches are out of order"}[damage]
+    assert result.ann_index.startswith("rebuilt") and f"refused: {expected}" in result.ann_index, result.ann_index
+    assert not result.rebuilt  # only the HNSW index was rebuilt: the lists were used
