@@ -177,3 +177,12 @@ def test_a_journal_that_does_not_fit_its_base_is_refused_with_the_reason(tmp_pat
                 "batches_down": "its batches are out of order", "batch_gap": "its batches are out of order"}[damage]
     assert result.ann_index.startswith("rebuilt") and f"refused: {expected}" in result.ann_index, result.ann_index
     assert not result.rebuilt  # only the HNSW index was rebuilt: the lists were used
+
+
+def test_a_journal_is_not_written_for_batches_the_index_does_not_hold(tmp_path):
+    files = CorpusFiles(tmp_path)
+    index = faiss.IndexHNSWFlat(4, 8)
+    index.add(np.eye(4, dtype=np.float32))
+    with pytest.raises(RuntimeError, match="the index holds 1 vectors beyond its base, its batches 2"):
+        ci._write_journal(files, "g", index, ci.AnnBase("base", 3, (2,)))
+    assert not files.ann_journal("g").exists()
