@@ -120,10 +120,7 @@ class CorpusFiles:
         self._write_built(built)
 
     def _write_built(self, built: dict[str, str]) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        partial = self.built_from.with_suffix(".tmp")
-        partial.write_text(json.dumps(built, indent=1, sort_keys=True))
-        partial.replace(self.built_from)
+        _write_json(self.built_from, built, indent=1, sort_keys=True)
 
     def forget_built(self) -> None:
         """Reloading a document deletes its chunks' SIMILAR and KEYWORD_IN edges, even when its content (so
@@ -150,10 +147,7 @@ class CorpusFiles:
         return content_hash("\n".join(lines))
 
     def record_lexical_inputs(self, digest: str) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        partial = self.lexical_inputs.with_suffix(".tmp")
-        partial.write_text(json.dumps({"digest": digest}))
-        partial.replace(self.lexical_inputs)
+        _write_json(self.lexical_inputs, {"digest": digest})
 
     def recorded_lexical_inputs(self) -> str | None:
         try:
@@ -651,10 +645,11 @@ def _read_json(path: Path) -> dict:
         return {}
 
 
-def _write_json(path: Path, value: dict) -> None:
+def _write_json(path: Path, value: dict, **layout) -> None:
+    """Atomic: a reader sees the old file or the new one, never half of one (layout: json.dumps options)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".tmp")
-    partial.write_text(json.dumps(value))
+    partial.write_text(json.dumps(value, **layout))
     partial.replace(path)
 
 
@@ -730,9 +725,7 @@ def select(files: CorpusFiles, ranks: pl.DataFrame, beta: float = DEFAULT_BETA) 
     diff = selection_diff(previous, chosen, dict(zip(ranks["chunk_id"], ranks["doc_id"])))
     # The diff first: killed between the two writes, the next update diffs against the same previous
     # selection and publishes the same diff again.
-    partial = files.skeleton_diff.with_suffix(".tmp")
-    partial.write_text(json.dumps({"beta": beta, **diff.to_dict()}, indent=1))
-    partial.replace(files.skeleton_diff)
+    _write_json(files.skeleton_diff, {"beta": beta, **diff.to_dict()}, indent=1)
     files.write(files.skeleton, selection)
     coverage = (selection.group_by("doc_id").agg(pl.len().alias("chunks"), pl.col("selected").sum().alias("selected"))
                 .with_columns((pl.col("selected") / pl.col("chunks")).alias("share")).sort("doc_id"))
