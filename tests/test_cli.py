@@ -197,3 +197,34 @@ def test_strict_ingest_fails_on_bad_file(tmp_path, capsys):
     assert main(["--home", str(tmp_path / "i"), "ingest", str(folder), "--quiet", "--strict"]) == 1
     out = capsys.readouterr().out
     assert "1 failed" in out and "broken.txt: file is not valid UTF-8" in out
+
+
+def test_the_cli_pauses_the_collector_only_for_its_imports_and_freezes_before_teardown():
+    """Importing orchestration.cli leaves the collector as it found it (tests and scripts import it); the
+    console script's command runs with it on, and its objects are frozen only once the command is done."""
+    import subprocess
+    import sys
+
+    script = (
+        "import gc, sys\n"
+        "gc.disable()\n"
+        "import orchestration.cli as c\n"
+        "assert not gc.isenabled(), 'import turned the collector on'\n"
+        "gc.enable()\n"
+        "with c._collector_paused():\n"
+        "    assert not gc.isenabled()\n"
+        "assert gc.isenabled(), 'not restored'\n"
+        "try:\n"
+        "    with c._collector_paused():\n"
+        "        raise ImportError('x')\n"
+        "except ImportError:\n"
+        "    pass\n"
+        "assert gc.isenabled(), 'not restored after a failed import'\n"
+        "seen = {}\n"
+        "c.main = lambda argv=None: seen.update(on=gc.isenabled(), frozen=gc.get_freeze_count()) or 3\n"
+        "code = c.run()\n"
+        "assert seen == {'on': True, 'frozen': 0}, seen\n"
+        "assert gc.get_freeze_count() > 0\n"
+        "sys.exit(code)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr
