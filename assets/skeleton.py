@@ -5,6 +5,8 @@ Each corpus asset records, as its last action, the catalog digest it was built f
 (CorpusFiles.record_built), which the corpus sensor and `lexgraph ingest` compare with the current
 catalog; an empty catalog (every document purged) clears the corpus state instead of failing.
 """
+from concurrent.futures import ThreadPoolExecutor
+
 import dagster as dg
 import numpy as np
 import polars as pl
@@ -115,12 +117,15 @@ def chunk_knn_graph(context: dg.AssetExecutionContext, index: IndexResource, lan
     store_vectors = lancedb.get()
     indexed = store_vectors.indexed_hashes()  # the catalog this build is made from
     digest = ci.catalog_digest(indexed)
-    chunks, vectors = _catalog_chunks(store_vectors, indexed)
+    with ThreadPoolExecutor(1) as pool:  # the saved state's files read while LanceDB reads the vectors
+        loading = pool.submit(ci.load_knn, files)
+        chunks, vectors = _catalog_chunks(store_vectors, indexed)
+        loaded = loading.result()
     settings = index.settings()
     mode = ci.knn_mode(settings.knn_mode, chunks.height)
-    # words are read only for chunks the saved state does not hold
+    # words are read only for chunks the saved state does not hold; saved while the graph is written
     result = ci.update_knn(files, chunks, vectors, lambda wanted: ci.chunk_words(store, wanted),
-                           k=settings.knn_k, mode=mode)
+                           k=settings.knn_k, mode=mode, loaded=loaded, save=False)
     with kuzu.writer() as graph:
         written = ci.write_similarity_edges(files, graph, result)
     isolated = result.isolated

@@ -33,7 +33,7 @@ def index_bytes(index) -> bytes:
 
 
 def saved_index(files: CorpusFiles, generation: str):
-    saved, reason = ci._load_knn(files)
+    saved, reason = ci.load_knn(files)
     assert saved is not None and saved.generation == generation, reason
     ann, problem, base = ci._load_ann(files, saved, np.ones(saved.corpus.height, dtype=bool))
     assert problem is None, problem
@@ -48,7 +48,7 @@ def test_a_journal_replays_to_the_index_a_whole_save_holds(tmp_path):
     assert base_file.exists()
     # the graph the next add works on, kept in memory: restored from the whole file, then the two chunks added
     (index, faiss_ids), _ = saved_index(files, first.generation)
-    saved, _ = ci._load_knn(files)
+    saved, _ = ci.load_knn(files)
     chunks, vectors, _ = data
     in_memory = semantic_knn(chunks["chunk_id"].to_list()[:BASE], vectors[:BASE], k=5, mode="approx",
                              state=saved.lists["semantic"], ann_index=(index, faiss_ids))

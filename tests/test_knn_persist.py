@@ -182,7 +182,7 @@ def test_a_damaged_torn_or_foreign_state_is_rebuilt_with_the_reason(tmp_path, da
 
 def _as_format_2(files: CorpusFiles, words: pl.DataFrame) -> None:
     """Write the current save the way format 2 did: lists by chunk id, words as strings."""
-    saved, _ = ci._load_knn(files)
+    saved, _ = ci.load_knn(files)
     generation = saved.generation
     ids = saved.lists["semantic"].chunk_ids
     state = []
@@ -221,13 +221,13 @@ def test_a_format_2_state_is_read_once_and_saved_as_format_3(tmp_path, mode):
 def test_resave_rewrites_a_format_2_state_unchanged_and_keeps_the_graph_in_sync(tmp_path):
     files, chunks, vectors, words = _save(tmp_path, "approx")
     before = sorted_edges(pl.read_parquet(files.edges))
-    saved, _ = ci._load_knn(files)
+    saved, _ = ci.load_knn(files)
     ci._write_json(files.similar_synced, {"generation": saved.generation})  # the graph holds this save's edges
     _as_format_2(files, words)
     message = ci.resave_knn(files)
     assert message.startswith("rewritten in format 3"), message
     assert sorted_edges(pl.read_parquet(files.edges)).equals(before)
-    migrated, reason = ci._load_knn(files)
+    migrated, reason = ci.load_knn(files)
     assert reason == "" and migrated.settings["format"] == ci.KNN_FORMAT
     assert ci._read_json(files.similar_synced)["generation"] == migrated.generation
     assert [p.name for p in files.root.glob("knn_hnsw.*.faiss")] == [files.ann_index(migrated.generation).name]

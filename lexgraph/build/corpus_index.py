@@ -4,8 +4,10 @@ update starts from the previous one and touches only what added or removed chunk
 """
 from __future__ import annotations
 
+import functools
 import json
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -222,6 +224,7 @@ class KnnResult:
     rebuild_reason: str = ""  # why the saved state was not used ("" when it was)
     isolated: int = 0  # chunks without an edge of either kind
     ann_base: AnnBase | None = None  # what the loaded HNSW index was made from, for a journal of this save
+    pending_save: Callable[[], str] | None = None  # update_knn(save=False): the save, left to write_similarity_edges
 
 
 def chunk_words(store: ExtractStore, chunks: pl.DataFrame) -> pl.DataFrame:
@@ -247,20 +250,23 @@ _MIGRATED_FORMATS = (2,)
 
 def update_knn(files: CorpusFiles, chunks: pl.DataFrame, vectors: np.ndarray,
                words: pl.DataFrame | Callable[[pl.DataFrame], pl.DataFrame],
-               k: int = DEFAULT_K, mode: str = "exact") -> KnnResult:
+               k: int = DEFAULT_K, mode: str = "exact", *, loaded: tuple[SavedKnn | None, str] | None = None,
+               save: bool = True) -> KnnResult:
     """Bring the KNN graphs from the saved corpus to `chunks` by removing and adding chunks only.
 
     chunks: chunk_id, doc_id aligned with `vectors` rows (the vectors of kept chunks come from here, not
     from a copy). words: chunk_id, words; or a function giving them for a frame of chunks, asked only
     for chunks the saved state does not hold. A chunk whose vector changed is removed and added again.
     A change of k or mode, or missing, torn or inconsistent state, rebuilds from scratch, and
-    `rebuild_reason` says why.
+    `rebuild_reason` says why. loaded: what load_knn(files) returned, for a caller that read it alongside
+    the vectors. save=False leaves the save to write_similarity_edges (`pending_save`), which writes it
+    while it writes the graph.
     """
     words_of = words if callable(words) else (lambda wanted: wanted.select("chunk_id").join(words, on="chunk_id", how="left"))
     current = (chunks.select("chunk_id", "doc_id").with_columns(pl.Series("vector_digest", vector_digests(vectors)))
                .with_row_index("row"))
     settings = {"k": k, "mode": mode, "format": KNN_FORMAT}
-    saved, reason = _load_knn(files)
+    saved, reason = loaded if loaded is not None else load_knn(files)
     if saved is not None and (saved.settings.get("k"), saved.settings.get("mode")) != (k, mode):
         saved, reason = None, (f"saved with k={saved.settings.get('k')} mode={saved.settings.get('mode')}, "
                                f"now k={k} mode={mode}")
@@ -297,8 +303,11 @@ def update_knn(files: CorpusFiles, chunks: pl.DataFrame, vectors: np.ndarray,
         batches = (*result.ann_base.batches, *(size for size in appended if size))
         if sum(batches) <= result.ann_base.total // ANN_JOURNAL_SHARE:
             journal = AnnBase(result.ann_base.generation, result.ann_base.total, batches)
-    result.generation = _write_knn(files, frame, {SEMANTIC: semantic.lists(), LEXICAL: lexical.lists()},
-                                   lexical.word_matrix(), semantic.ann_index(), settings, result.edges, journal)
+    result.pending_save = functools.partial(
+        _write_knn, files, frame, {SEMANTIC: semantic.lists(), LEXICAL: lexical.lists()}, lexical.word_matrix(),
+        semantic.ann_index(), settings, result.edges, journal)
+    if save:
+        result.generation, result.pending_save = result.pending_save(), None
     return result
 
 
@@ -389,7 +398,7 @@ def _problem(name: str, error: BaseException) -> str:
     return f"{name} unreadable ({(str(error).splitlines() or [type(error).__name__])[0][:120]})"
 
 
-def _load_knn(files: CorpusFiles) -> tuple[SavedKnn | None, str]:
+def load_knn(files: CorpusFiles) -> tuple[SavedKnn | None, str]:
     """The saved corpus, lists and words; None and why unless the files are whole, of one save, and of a
     format this version reads."""
     if not files.knn_corpus.exists() and not files.knn_state.exists():
@@ -619,7 +628,7 @@ def resave_knn(files: CorpusFiles) -> str:
     """Rewrite a saved KNN state in the current format, unchanged: what the next update does by itself,
     for an index whose first update should not pay for reading an older format. The graph's SIMILAR
     edges stay those of the save (same lists), so its sync record follows the new generation."""
-    saved, reason = _load_knn(files)
+    saved, reason = load_knn(files)
     if saved is None:
         return f"nothing rewritten: {reason}"
     if saved.settings.get("format") == KNN_FORMAT:
@@ -668,8 +677,26 @@ def write_similarity_edges(files: CorpusFiles, graph, result: KnnResult) -> dict
     holds: the previous save's edges, less those of chunks reloaded since (a reload deletes a chunk with
     its edges). The whole set is written instead when the graph is not known to hold the previous save
     (first build, a crash between the save and the graph write, a torn save) or when the counts disagree
-    afterwards. Returns what was written, for run metadata."""
+    afterwards. An update that left its save here (`pending_save`) is saved in a thread meanwhile: both
+    writes release the GIL (0.5 s of files beside 2 s of Kùzu at 100k chunks). The sync record is cleared
+    before them and names the new save only once both are done, so a crash in either leaves the next
+    update writing the edges whole. Returns what was written, for run metadata."""
     synced = _read_json(files.similar_synced).get("generation")
+    if result.pending_save is None:
+        figures = _similar_edges_to(graph, result, synced)
+    else:
+        _write_json(files.similar_synced, {})
+        with ThreadPoolExecutor(1) as pool:
+            saving = pool.submit(result.pending_save)
+            try:
+                figures = _similar_edges_to(graph, result, synced)
+            finally:
+                result.generation, result.pending_save = saving.result(), None
+    _write_json(files.similar_synced, {"generation": result.generation})
+    return figures
+
+
+def _similar_edges_to(graph, result: KnnResult, synced: str | None) -> dict:
     target = result.edges
     figures = {"similar_edges_added": 0, "similar_edges_removed": 0, "similar_edges_updated": 0,
                "similar_edges_restored": 0, "similar_edges_rewritten": False}
@@ -689,14 +716,12 @@ def write_similarity_edges(files: CorpusFiles, graph, result: KnnResult) -> dict
         figures.update(similar_edges_added=added.height + restored.height, similar_edges_removed=deleted - reweighted.height,
                        similar_edges_updated=reweighted.height, similar_edges_restored=restored.height)
         if graph.count("SIMILAR") == target.height:
-            _write_json(files.similar_synced, {"generation": result.generation})
             return figures
         figures["similar_edges_mismatch"] = True  # the graph held something else: write it whole
     before = graph.count("SIMILAR")
     graph.replace_similarity_edges(target)
     figures.update(similar_edges_added=target.height, similar_edges_removed=before, similar_edges_updated=0,
                    similar_edges_restored=0, similar_edges_rewritten=True)
-    _write_json(files.similar_synced, {"generation": result.generation})
     return figures
 
 
