@@ -172,7 +172,7 @@ def _histogram(values: np.ndarray, bins: int = 12) -> str:
 def chunk_pagerank(context: dg.AssetExecutionContext, index: IndexResource) -> dg.MaterializeResult:
     files = index.corpus_files()
     digest = _built_from(files, "chunk_knn_graph")
-    edges = pl.read_parquet(files.edges)
+    edges = pl.read_parquet(files.edges, columns=["src", "dst", "weight"])
     chunks = pl.read_parquet(files.knn_corpus, columns=["chunk_id", "doc_id"])
     ranks = ci.compute_pagerank(files, chunks, edges)
     stored = pl.read_parquet(files.pagerank)
@@ -261,7 +261,7 @@ def keyword_index(context: dg.AssetExecutionContext, index: IndexResource, lance
                                "RETURN count(k) AS n")["n"][0]
     files.record_built("keyword_index", digest, index.settings())
     return dg.MaterializeResult(
-        metadata={"keywords": result.index.height, "keyword_chunk_links": sum(result.link_counts.values()),
+        metadata={"keywords": result.keyword_count, "keyword_chunk_links": sum(result.link_counts.values()),
                   **written,
                   "catalog_documents": len(indexed), "catalog_digest": digest,
                   "documents_added": len(result.added), "documents_removed": len(result.removed),

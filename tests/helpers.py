@@ -76,3 +76,19 @@ def clustered_corpus(n: int, seed: int, doc_size: int, vocabulary: int, dim: int
     words = chunks.select("chunk_id").with_columns(
         pl.Series("words", [sorted({f"w{j}" for j in rng.integers(0, vocabulary, 6)}) for _ in range(n)]))
     return chunks, vectors, words
+
+
+def load_chunk_nodes(graph: GraphStore, chunks: pl.DataFrame) -> None:
+    """Source and Chunk nodes for these chunks (chunk_id, doc_id), so edge writes have their ends."""
+    from datetime import datetime, timezone
+
+    at = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    for (doc_id,), part in chunks.group_by("doc_id", maintain_order=True):
+        sources = pl.DataFrame({"id": [doc_id], "uri": [f"file:///{doc_id}"], "relative_path": [f"{doc_id}.md"],
+                                "title": [doc_id], "format": ["markdown"], "content_hash": ["h"], "version": ["v"],
+                                "size_bytes": [3], "ingested_at": [at]})
+        rows = part.select("chunk_id", "doc_id").with_columns(
+            pl.Series("order", range(part.height)), pl.col("chunk_id").alias("text"), pl.lit(0).alias("char_start"),
+            pl.lit(1).alias("char_end"), pl.lit(None, dtype=pl.Int64).alias("page_start"),
+            pl.lit("h").alias("heading_path"), pl.lit(1).alias("token_count"))
+        graph.replace_documents(sources, rows)

@@ -3,30 +3,11 @@ write_similarity_edges): the same files and edges as one after the other, and a 
 leaves the sync record naming no save, so the next update writes the edges whole."""
 from __future__ import annotations
 
-from datetime import datetime, timezone
-
-import polars as pl
 import pytest
 
 from lexgraph.build import corpus_index as ci
 from lexgraph.storage.graph_store import GraphStore
-from tests.helpers import clustered_corpus
-
-AT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
-
-
-def load_chunks(graph: GraphStore, chunks: pl.DataFrame) -> None:
-    for doc_id, part in chunks.group_by("doc_id", maintain_order=True):
-        n = part.height
-        sources = pl.DataFrame({"id": [doc_id[0]], "uri": [f"file:///{doc_id[0]}"], "relative_path": [f"{doc_id[0]}.md"],
-                                "title": [doc_id[0]], "format": ["markdown"], "content_hash": ["h"], "version": ["v"],
-                                "size_bytes": [3], "ingested_at": [AT]})
-        rows = part.select("chunk_id", "doc_id").with_columns(
-            pl.Series("order", range(n)), pl.col("chunk_id").alias("text"), pl.lit(0).alias("char_start"),
-            pl.lit(1).alias("char_end"), pl.lit(None, dtype=pl.Int64).alias("page_start"), pl.lit("h").alias("heading_path"),
-            pl.lit(1).alias("token_count"))
-        graph.replace_documents(sources, rows)
-
+from tests.helpers import clustered_corpus, load_chunk_nodes
 
 def similar(graph: GraphStore) -> list[tuple]:
     rows = graph.query("MATCH (a:Chunk)-[r:SIMILAR]->(b:Chunk) RETURN a.id, b.id, r.kind, r.weight")
@@ -39,7 +20,7 @@ def add_in_steps(root, save: bool, fail_graph_write: bool = False):
     chunks, vectors, words = clustered_corpus(80, seed=11, doc_size=10, vocabulary=40)
     files = ci.CorpusFiles(root / "corpus")
     with GraphStore.writer(root / "g.kuzu") as graph:
-        load_chunks(graph, chunks)
+        load_chunk_nodes(graph, chunks)
         for n in (60, 80):
             result = ci.update_knn(files, chunks.head(n), vectors[:n], words, k=4, save=save)
             if fail_graph_write and n == 80:

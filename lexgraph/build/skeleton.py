@@ -12,6 +12,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 import numpy.typing as npt
+import polars as pl
 
 DEFAULT_BETA = 0.8
 # β·n is computed in floating point: 0.29 * 100 is 28.999999999999996, which must count as 29.
@@ -31,11 +32,26 @@ def select_skeleton(chunk_ids: npt.ArrayLike, scores: npt.ArrayLike, beta: float
     values = np.asarray(scores, dtype=np.float64)
     if ids.shape != values.shape or ids.ndim != 1:
         raise ValueError("chunk_ids and scores must be 1-d and of equal length")
-    if len(np.unique(ids)) != len(ids):
+    return ids[_top_rows(pl.Series(ids), pl.Series(values), beta)]
+
+
+def _top_rows(chunk_ids: pl.Series, scores: pl.Series, beta: float) -> np.ndarray:
+    """Row numbers of the top ⌊β·n⌋ chunks in selection order, by a Polars sort: NumPy's sorts the Python
+    strings (unique check and tie order), a tenth of a second more at 100k chunks."""
+    if len(chunk_ids) != len(scores):
+        raise ValueError("chunk_ids and scores must be 1-d and of equal length")
+    if chunk_ids.is_duplicated().any():
         raise ValueError("chunk ids must be unique")
-    size = skeleton_size(len(ids), beta)
-    order = np.lexsort((ids, -values))
-    return ids[order[:size]]
+    frame = pl.DataFrame({"id": chunk_ids, "score": scores.cast(pl.Float64)})
+    order = pl.arg_sort_by("score", "id", descending=[True, False])
+    return frame.select(order.head(skeleton_size(len(chunk_ids), beta)).alias("top"))["top"].to_numpy()
+
+
+def skeleton_mask(chunk_ids: pl.Series, scores: pl.Series, beta: float = DEFAULT_BETA) -> np.ndarray:
+    """:func:`select_skeleton` as a mask over the rows."""
+    mask = np.zeros(len(chunk_ids), dtype=bool)
+    mask[_top_rows(chunk_ids, scores, beta)] = True
+    return mask
 
 
 @dataclass(frozen=True)
@@ -66,8 +82,18 @@ def selection_diff(
     A changed chunk missing from ``chunk_to_doc`` (its document was removed) is still listed as
     selected or deselected but names no document: there is nothing left to re-extract.
     """
-    before, after = {str(chunk) for chunk in previous}, {str(chunk) for chunk in current}
-    entered = tuple(sorted(after - before))
-    left = tuple(sorted(before - after))
-    documents = {chunk_to_doc[chunk] for chunk in entered + left if chunk in chunk_to_doc}
-    return SelectionDiff(entered, left, tuple(sorted(documents)))
+    chunks = pl.DataFrame({"chunk_id": list(chunk_to_doc), "doc_id": list(chunk_to_doc.values())},
+                          schema={"chunk_id": pl.String, "doc_id": pl.String})
+    return frame_selection_diff(pl.Series([str(c) for c in previous], dtype=pl.String),
+                                pl.Series([str(c) for c in current], dtype=pl.String), chunks)
+
+
+def frame_selection_diff(previous: pl.Series, current: pl.Series, chunks: pl.DataFrame) -> SelectionDiff:
+    """:func:`selection_diff` by hash joins instead of Python sets and a dict of every chunk (chunks:
+    chunk_id, doc_id of the ranked chunks). Polars sorts UTF-8 bytes, which is code-point order."""
+    before, after = previous.cast(pl.String).unique(), current.cast(pl.String).unique()
+    entered = after.filter(~after.is_in(before.implode())).sort()
+    left = before.filter(~before.is_in(after.implode())).sort()
+    changed = pl.concat([entered, left])
+    documents = chunks.filter(pl.col("chunk_id").is_in(changed.implode()))["doc_id"].unique().sort()
+    return SelectionDiff(tuple(entered.to_list()), tuple(left.to_list()), tuple(documents.to_list()))

@@ -252,14 +252,21 @@ def keyword_stats(occurrences: pl.DataFrame, sentence_vectors: npt.ArrayLike) ->
     return _stats_frame(keywords, np.asarray(sums), membership.getnnz(axis=1).astype(np.int64))
 
 
-def _combine(index: pl.DataFrame, document: pl.DataFrame, sign: int) -> pl.DataFrame:
-    if index.schema != document.schema or "vector_sum" not in index.columns:
-        raise ValueError(f"keyword frames differ in schema: {index.schema} vs {document.schema}")
+def updated_keyword_rows(current: pl.DataFrame, document: pl.DataFrame, sign: int) -> pl.DataFrame:
+    """The rows of one document's keywords once its stats are added (``sign`` +1) or subtracted (-1).
+
+    ``current`` holds the index's rows of those keywords (it may hold others, and any part of the
+    index will do): only they are read, so an update costs the document's keywords, not the index.
+    One row per keyword of the document, sorted; a keyword left with no sentence comes back with a
+    count of 0 and a zero sum (a tombstone: the keyword leaves the index).
+    """
+    if current.schema != document.schema or "vector_sum" not in current.columns:
+        raise ValueError(f"keyword frames differ in schema: {current.schema} vs {document.schema}")
     if not document["keyword"].is_unique().all():
         raise ValueError("a document's keyword stats must list each keyword once")
-    keys = document.select("keyword")
-    touched = index.join(keys, on="keyword", how="semi").sort("keyword")
-    untouched = index.join(keys, on="keyword", how="anti")
+    touched = current.join(document.select("keyword"), on="keyword", how="semi").sort("keyword")
+    if not touched["keyword"].is_unique().all():
+        raise ValueError("the index lists a keyword twice")
     if sign < 0 and touched.height != document.height:
         raise ValueError("subtracting keywords that are not in the index: was this document added?")
     document = document.sort("keyword")
@@ -271,9 +278,19 @@ def _combine(index: pl.DataFrame, document: pl.DataFrame, sign: int) -> pl.DataF
     counts[at] += touched["sentence_count"].to_numpy()
     if bool(np.any(counts < 0)):
         raise ValueError("subtracting more sentences than the index holds: was this document added?")
-    live = counts > 0
-    updated = _stats_frame(names[live], sums[live], counts[live])
-    return pl.concat([untouched, updated]).sort("keyword")
+    sums[counts == 0] = 0.0  # exact sums come back to 0 anyway; a tombstone carries nothing
+    return _stats_frame(names, sums, counts)
+
+
+def apply_keyword_rows(index: pl.DataFrame, rows: pl.DataFrame) -> pl.DataFrame:
+    """``index`` with ``rows`` (from :func:`updated_keyword_rows`) in place of its rows of the same
+    keywords; rows with a count of 0 remove their keyword. Sorted by keyword."""
+    untouched = index.join(rows.select("keyword"), on="keyword", how="anti")
+    return pl.concat([untouched, rows.filter(pl.col("sentence_count") > 0)]).sort("keyword")
+
+
+def _combine(index: pl.DataFrame, document: pl.DataFrame, sign: int) -> pl.DataFrame:
+    return apply_keyword_rows(index, updated_keyword_rows(index, document, sign))
 
 
 def add_keyword_stats(index: pl.DataFrame, document: pl.DataFrame) -> pl.DataFrame:
