@@ -6,7 +6,7 @@ fresh-process adds (benchmarks.fresh_add) measure the steady state, not a one-of
 
 Steps, each skipped when already done: the KNN save rewritten in its current format; the chunk rows' former
 PageRank and skeleton columns dropped (they live in the chunk_scores table); the keyword index rewritten as
-Arrow; the lexical graph's saved state written (a rebuild of the same graph, nothing
+an Arrow base (with the id its deltas name); the lexical graph's saved state written (a rebuild of the same graph, nothing
 embedded), or one saved as Parquet written again as Arrow; the record of extract files verified whole
 written; the keyword links' record regrouped a row per document; the LanceDB tables compacted, keeping no
 old version (nothing else reads a cached index).
@@ -15,6 +15,8 @@ import json
 import sys
 import time
 from datetime import timedelta
+
+import pyarrow as pa
 
 from lexgraph.build import corpus_index as ci
 from lexgraph.build import lexical, lexical_diff
@@ -34,12 +36,14 @@ def timed(label: str, step) -> None:
 
 def keyword_index(files: ci.CorpusFiles, dimension: int) -> str:
     if files.keyword_index.exists():
-        return "already Arrow"
+        with pa.memory_map(str(files.keyword_index)) as source:
+            if ci.KEYWORD_BASE in (pa.ipc.open_file(source).schema.metadata or {}):
+                return "already an Arrow base"
     index, included, links = ci._load_keyword_index(files, dimension)
     if included is None:
         return "no trusted index to rewrite (the next update rebuilds it)"
     ci._write_keyword_index(files, index, included, links)
-    return f"{index.height} keywords rewritten as Arrow"
+    return f"{index.height} keywords rewritten as an Arrow base (deltas extend it)"
 
 
 def chunk_score_columns(vectors: VectorStore) -> str:
