@@ -92,3 +92,23 @@ def load_chunk_nodes(graph: GraphStore, chunks: pl.DataFrame) -> None:
             pl.lit(1).alias("char_end"), pl.lit(None, dtype=pl.Int64).alias("page_start"),
             pl.lit("h").alias("heading_path"), pl.lit(1).alias("token_count"))
         graph.replace_documents(sources, rows)
+
+
+def crash_keyword_update(root: Path, doc_ids: list[str], setup: str = ""):
+    """update_keyword_index over root/index and root/extract (8-wide vectors) in a child process killed at
+    the KEYWORD_INDEX crash point; `setup` is Python run first with `ci` (corpus_index) imported."""
+    import os
+    import subprocess
+    import sys
+
+    from lexgraph import faults
+
+    script = ("import sys; from pathlib import Path; from lexgraph.build import corpus_index as ci; "
+              "from lexgraph.storage.extract_store import ExtractStore\n"
+              f"{setup}\n"
+              "root = Path(sys.argv[1]); ci.update_keyword_index(ci.CorpusFiles(root / 'index'), "
+              "ExtractStore(root / 'extract'), sys.argv[2].split(','), 8)")
+    env = {**os.environ, faults.CRASH_ENV: faults.KEYWORD_INDEX}
+    return subprocess.run([sys.executable, "-c", script, str(root), ",".join(doc_ids)],
+                          cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True, text=True,
+                          timeout=120)

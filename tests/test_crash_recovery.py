@@ -25,6 +25,7 @@ from lexgraph.settings import Settings
 from lexgraph.storage.extract_store import ExtractStore
 from lexgraph.storage.graph_store import GraphStore
 from lexgraph.storage.vector_store import VectorStore
+from tests.helpers import crash_keyword_update
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAPH_TABLES = ("Source", "Chunk", "PART_OF", "NEXT", "SIMILAR", "Keyword", "KEYWORD_IN")
@@ -246,16 +247,6 @@ def _keyword_store(root: Path, docs: int, seed: int = 0) -> ExtractStore:
     return store
 
 
-def _crash_keyword_update(root: Path, doc_ids: list[str]) -> subprocess.CompletedProcess:
-    script = ("import sys; from pathlib import Path; from lexgraph.build.corpus_index import CorpusFiles, "
-              "update_keyword_index; from lexgraph.storage.extract_store import ExtractStore\n"
-              "root = Path(sys.argv[1]); update_keyword_index(CorpusFiles(root / 'index'), "
-              "ExtractStore(root / 'extract'), sys.argv[2].split(','), 8)")
-    env = {**os.environ, faults.CRASH_ENV: faults.KEYWORD_INDEX}
-    return subprocess.run([sys.executable, "-c", script, str(root), ",".join(doc_ids)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
-
-
 def test_keyword_index_update_killed_midway_is_redone_exactly_once(tmp_path):
     store = _keyword_store(tmp_path, 5)
     files = CorpusFiles(tmp_path / "index")
@@ -264,7 +255,7 @@ def test_keyword_index_update_killed_midway_is_redone_exactly_once(tmp_path):
     changed = _keyword_store(tmp_path / "other", 2, seed=7)
     store.write("keyword_stats", "doc1", changed.read("keyword_stats", "doc1"))
     final = ["doc0", "doc1", "doc3", "doc4"]
-    crashed = _crash_keyword_update(tmp_path, final)
+    crashed = crash_keyword_update(tmp_path, final)
     assert crashed.returncode == -9, crashed.stderr[-2000:]
 
     result = update_keyword_index(files, store, final, 8)

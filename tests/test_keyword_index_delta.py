@@ -3,9 +3,6 @@ touches only its documents' keywords, and every sequence of updates, crashes and
 in the index a clean build gives."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,16 +10,14 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from lexgraph import faults
 from lexgraph.build import corpus_index as ci
 from lexgraph.build.corpus_index import CorpusFiles, update_keyword_index, write_keyword_index
 from lexgraph.extract import keywords as kw
 from lexgraph.storage.extract_store import ExtractStore
 from lexgraph.storage.graph_store import GraphStore
 from lexgraph.storage.vector_store import VectorStore
-from tests.helpers import load_chunk_nodes
+from tests.helpers import crash_keyword_update, load_chunk_nodes
 
-ROOT = Path(__file__).resolve().parent.parent
 DIM = 8
 WORDS = [f"word{i}" for i in range(40)]
 
@@ -116,17 +111,6 @@ def test_any_sequence_of_updates_equals_a_clean_build(tmp_path, deltas):
     assert deltas_seen and folds  # both paths were taken
 
 
-def _crash(root: Path, doc_ids: list[str]) -> subprocess.CompletedProcess:
-    script = ("import sys; from pathlib import Path; from lexgraph.build import corpus_index as ci; "
-              "from lexgraph.storage.extract_store import ExtractStore\n"
-              "ci.KEYWORD_DELTA_MIN_BASE = 0; ci.KEYWORD_DELTA_SHARE = 0.5\n"
-              "root = Path(sys.argv[1]); ci.update_keyword_index(ci.CorpusFiles(root / 'index'), "
-              "ExtractStore(root / 'extract'), sys.argv[2].split(','), 8)")
-    env = {**os.environ, faults.CRASH_ENV: faults.KEYWORD_INDEX}
-    return subprocess.run([sys.executable, "-c", script, str(root), ",".join(doc_ids)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
-
-
 def test_update_killed_before_its_delta_is_written_is_redone_exactly_once(tmp_path, deltas):
     store = _store(tmp_path, 7)
     files = CorpusFiles(tmp_path / "index")
@@ -135,7 +119,7 @@ def test_update_killed_before_its_delta_is_written_is_redone_exactly_once(tmp_pa
     assert _delta(files).exists()
     _write_doc(store, "doc1", 99)
     final = ["doc0", "doc1", "doc2", "doc4", "doc5", "doc6"]  # doc1 changed, doc3 gone, doc6 new
-    crashed = _crash(tmp_path, final)
+    crashed = crash_keyword_update(tmp_path, final, setup="ci.KEYWORD_DELTA_MIN_BASE = 0; ci.KEYWORD_DELTA_SHARE = 0.5")
     assert crashed.returncode == -9, crashed.stderr[-2000:]
     result = update_keyword_index(files, store, final, DIM)
     assert (result.added, result.updated, result.removed) == (["doc6"], ["doc1"], ["doc3"])
