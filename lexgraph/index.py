@@ -76,16 +76,24 @@ class LexIndex:
         finally:
             graph.close()
 
-    def retriever(self, params=None):
-        """A retriever over this index: loaded into memory, or querying LanceDB's search indexes when the
-        query backend setting chooses them for this many chunks (every command decides the same way)."""
-        from lexgraph.query.retrieval import Retriever, load_index, load_lance_index
+    def index_loader(self):
+        """How queries read this index: (load function, True when it queries LanceDB's search indexes), as the
+        query backend setting chooses for this many chunks, so that every command decides the same way.
+        EmptyIndexError when there is nothing to query."""
+        from lexgraph.query.retrieval import load_index, load_lance_index
 
         chunks = self.vectors.count("chunks")
         if chunks == 0:
             raise EmptyIndexError(f"the index {self.settings.index_dir} is empty")
+        lance = self.settings.uses_lance(chunks)
+        return (load_lance_index if lance else load_index), lance
+
+    def retriever(self, params=None):
+        """A retriever over this index: loaded into memory, or querying LanceDB's search indexes."""
+        from lexgraph.query.retrieval import Retriever
+
+        load, _ = self.index_loader()
         embedder = self.embedder()
-        load = load_lance_index if self.settings.uses_lance(chunks) else load_index
         # Queries over the model's input limit are windowed and pooled (chunks never are: they are refused).
         return Retriever(load(self.settings, params), embedder.embed_query, params, embedder.embed_queries)
 

@@ -130,7 +130,7 @@ def test_a_knn_state_of_the_older_format_or_with_its_edges_torn_off_is_not_trust
     # an older save: the vector column and no digests
     old = pl.read_parquet(files.knn_corpus).drop("vector_digest")
     table = old.to_arrow()
-    files.write_arrow(files.knn_corpus, table.replace_schema_metadata(
+    ci._write_table(files.knn_corpus, table.replace_schema_metadata(
         {ci.KNN_GENERATION: ci._generation(files.knn_state).encode()}))
     assert update_knn(files, chunks, vectors, words, k=3).rebuilt
     # edges of another save: the lists are reused, but no diff is offered against those edges

@@ -197,7 +197,7 @@ def _as_format_2(files: CorpusFiles, words: pl.DataFrame) -> None:
                         (files.knn_corpus, corpus.select("chunk_id", "doc_id", "vector_digest", "words", "ann_id",
                                                          "settings"))):
         table = frame.to_arrow()
-        files.write_arrow(path, table.replace_schema_metadata({ci.KNN_GENERATION: generation.encode()}))
+        ci._write_table(path, table.replace_schema_metadata({ci.KNN_GENERATION: generation.encode()}))
     files.knn_vocabulary.unlink()
 
 

@@ -184,13 +184,6 @@ class CorpusFiles:
         frame.write_parquet(partial)
         partial.replace(path)
 
-    def write_arrow(self, path: Path, table) -> None:
-        """Atomic write of an Arrow table, keeping its schema metadata."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".tmp")
-        pq.write_table(table, partial)
-        partial.replace(path)
-
 
 @dataclass(frozen=True)
 class AnnBase:

@@ -203,21 +203,18 @@ class QueryService:
     def _load(self) -> QueryEngine:
         from concurrent.futures import ThreadPoolExecutor
 
-        from lexgraph.index import EmptyIndexError, LexIndex
-        from lexgraph.query.retrieval import Retriever, load_index, load_lance_index
+        from lexgraph.index import LexIndex
+        from lexgraph.query.retrieval import Retriever
 
         index = LexIndex(self.settings)
-        chunks = index.vectors.count("chunks")
-        if chunks == 0:
-            raise EmptyIndexError(f"the index {self.settings.index_dir} is empty")
-        lance = self.settings.uses_lance(chunks)
+        load, lance = index.index_loader()
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="lexgraph-load") as pool:
             # the model (and the router's exemplars, embedded by it) load beside the index: most of either is
             # native code (onnxruntime, LanceDB) that runs outside the GIL. As LexIndex.retriever, which would
             # load them one after the other.
             embedder = pool.submit(index.embedder)
             router = pool.submit(self._router_for, embedder)
-            loaded = (load_lance_index if lance else load_index)(self.settings)
+            loaded = load(self.settings)
             if lance:
                 warm_lance(loaded)
             embedder, router = embedder.result(), router.result()
