@@ -112,3 +112,17 @@ def crash_keyword_update(root: Path, doc_ids: list[str], setup: str = ""):
     return subprocess.run([sys.executable, "-c", script, str(root), ",".join(doc_ids)],
                           cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True, text=True,
                           timeout=120)
+
+
+def add_keyword_stats(index: pl.DataFrame, document: pl.DataFrame) -> pl.DataFrame:
+    """The whole keyword index with one document's stats added (the update itself works on a delta)."""
+    from lexgraph.extract.keywords import apply_keyword_rows, updated_keyword_rows
+
+    return apply_keyword_rows(index, updated_keyword_rows(index, document, +1))
+
+
+def subtract_keyword_stats(index: pl.DataFrame, document: pl.DataFrame) -> pl.DataFrame:
+    """The whole keyword index without one document's stats; keywords left with no sentence go."""
+    from lexgraph.extract.keywords import apply_keyword_rows, updated_keyword_rows
+
+    return apply_keyword_rows(index, updated_keyword_rows(index, document, -1))

@@ -16,7 +16,7 @@ from lexgraph.extract import keywords as kw
 from lexgraph.storage.extract_store import ExtractStore
 from lexgraph.storage.graph_store import GraphStore
 from lexgraph.storage.vector_store import VectorStore
-from tests.helpers import crash_keyword_update, load_chunk_nodes
+from tests.helpers import add_keyword_stats, crash_keyword_update, load_chunk_nodes
 
 DIM = 8
 WORDS = [f"word{i}" for i in range(40)]
@@ -238,7 +238,7 @@ def test_updated_rows_mark_keywords_that_go_and_refuse_bad_subtractions():
     occurrences = pl.DataFrame([{"keyword": w, "chunk_id": "c", "sentence_id": 0, "char_start": 0, "char_end": 1}
                                 for w in ("a", "b")], schema=kw.OCCURRENCE_SCHEMA)
     doc = kw.keyword_stats(occurrences, np.ones((1, 3)))
-    index = kw.add_keyword_stats(kw.empty_keyword_index(3), doc)
+    index = add_keyword_stats(kw.empty_keyword_index(3), doc)
     rows = kw.updated_keyword_rows(index, doc, -1)
     assert rows["keyword"].to_list() == ["a", "b"] and rows["sentence_count"].to_list() == [0, 0]
     assert not np.any(rows["vector_sum"].to_numpy())

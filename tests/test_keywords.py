@@ -6,7 +6,6 @@ import polars as pl
 import pytest
 
 from lexgraph.extract.keywords import (
-    add_keyword_stats,
     empty_keyword_index,
     extract_keywords,
     keyword_chunk_edges,
@@ -14,8 +13,8 @@ from lexgraph.extract.keywords import (
     keyword_vectors,
     sentence_keywords,
     split_sentences,
-    subtract_keyword_stats,
 )
+from tests.helpers import add_keyword_stats, subtract_keyword_stats
 
 
 def test_stopwords_numbers_punctuation_and_single_characters_are_dropped():

@@ -289,20 +289,6 @@ def apply_keyword_rows(index: pl.DataFrame, rows: pl.DataFrame) -> pl.DataFrame:
     return pl.concat([untouched, rows.filter(pl.col("sentence_count") > 0)]).sort("keyword")
 
 
-def _combine(index: pl.DataFrame, document: pl.DataFrame, sign: int) -> pl.DataFrame:
-    return apply_keyword_rows(index, updated_keyword_rows(index, document, sign))
-
-
-def add_keyword_stats(index: pl.DataFrame, document: pl.DataFrame) -> pl.DataFrame:
-    """The corpus keyword index with one document's :func:`keyword_stats` added."""
-    return _combine(index, document, +1)
-
-
-def subtract_keyword_stats(index: pl.DataFrame, document: pl.DataFrame) -> pl.DataFrame:
-    """The corpus keyword index without one document's stats; keywords left with no sentence go."""
-    return _combine(index, document, -1)
-
-
 def keyword_vectors(index: pl.DataFrame) -> pl.DataFrame:
     """KET-RAG's keyword vectors: mean sentence embedding per keyword (float32, for the vector store)."""
     sums = index["vector_sum"].to_numpy()
