@@ -16,6 +16,8 @@ def test_lancedb_works_without_the_rest_clients_api_classes_and_they_load_on_fir
         "assert db.open_table('t').count_rows() == 2\n"
         "assert 'lance_namespace_urllib3_client.api' not in sys.modules, 'API classes imported'\n"
         "import lance_namespace_urllib3_client as client\n"
+        "assert getattr(client, '__wrapped__', None) is None  # a dunder probe (inspect, pickle) does not load it\n"
+        "assert 'lance_namespace_urllib3_client.api' not in sys.modules, 'a dunder lookup ran the __init__'\n"
         "assert client.ApiClient and client.TableApi, 'the __init__ names'\n"
         "assert 'lance_namespace_urllib3_client.api' in sys.modules\n"
         "from lance_namespace_urllib3_client import Configuration\n"
