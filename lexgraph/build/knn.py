@@ -112,12 +112,17 @@ def _top_k(rows: np.ndarray, cols: np.ndarray, sims: np.ndarray, k: int) -> tupl
         rows, cols, sims = _contenders(rows, cols, sims, k)
     order = np.lexsort((cols, -sims, rows))
     rows, cols, sims = rows[order], cols[order], sims[order]
+    rank = _rank_in_row(rows)
+    chosen = rank < k
+    return rows[chosen], cols[chosen], sims[chosen], rank[chosen]
+
+
+def _rank_in_row(rows: np.ndarray) -> np.ndarray:
+    """Each entry's place (0, 1, …) among the entries of its row; rows grouped, in order."""
     index = np.arange(len(rows))
     first = np.ones(len(rows), dtype=bool)
     first[1:] = rows[1:] != rows[:-1]
-    rank = index - np.maximum.accumulate(np.where(first, index, 0))
-    chosen = rank < k
-    return rows[chosen], cols[chosen], sims[chosen], rank[chosen]
+    return index - np.maximum.accumulate(np.where(first, index, 0))
 
 
 # Above this many candidates, _top_k first drops those that cannot make their row's top k (one sort of one
@@ -133,14 +138,10 @@ def _contenders(rows: np.ndarray, cols: np.ndarray, sims: np.ndarray, k: int) ->
     margin = 4 * np.spacing(2.0 * float(rows.max()) + 2.0)
     order = np.argsort(key)
     rows, cols, sims = rows[order], cols[order], sims[order]
-    index = np.arange(len(rows))
-    first = np.ones(len(rows), dtype=bool)
-    first[1:] = rows[1:] != rows[:-1]
-    start = np.maximum.accumulate(np.where(first, index, 0))
-    end = np.append(np.flatnonzero(first)[1:], len(rows))[np.cumsum(first) - 1]
-    kth = start + k - 1
-    floor = np.where(kth < end, sims[np.minimum(kth, len(sims) - 1)] - margin, -np.inf)
-    keep = sims >= floor
+    at_k = _rank_in_row(rows) == k - 1  # each row's k-th best (rows with fewer keep every candidate)
+    floor = np.full(int(rows.max()) + 1, -np.inf)
+    floor[rows[at_k]] = sims[at_k] - margin
+    keep = sims >= floor[rows]
     return rows[keep], cols[keep], sims[keep]
 
 
@@ -529,6 +530,9 @@ class _WordCorpus:
     def ann_index(self) -> None:
         return None
 
+    def ann_appended(self) -> None:
+        return None
+
     def delete(self, old_to_new: np.ndarray) -> np.ndarray:
         keep = old_to_new >= 0
         old_df = self.df.copy()
@@ -746,7 +750,7 @@ class KnnGraph:
         """Sizes of the batches of vectors appended, in order, to the ANN index since the saved one given to
         :func:`semantic_knn` was adopted (each by :func:`append_in_order`); None when the index was built
         here (or there is none). With the saved index they make it again, so a save may keep just those."""
-        return self._corpus.ann_appended() if isinstance(self._corpus, _VectorCorpus) else None
+        return self._corpus.ann_appended()
 
     def lists(self) -> SavedLists:
         """The directed lists as positions into ``chunk_ids``: the form to persist (views, not copies)."""

@@ -101,11 +101,11 @@ def _solve(one_way: sp.csr_matrix, damping: float, tol: float, max_iter: int) ->
     dangling = strength == 0
     inverse_strength = np.divide(1.0, strength, out=np.zeros(n), where=~dangling)
 
-    def step(scores: np.ndarray) -> np.ndarray:  # one power-iteration step
-        return damping * (spread(scores * inverse_strength) + scores[dangling].sum() / n) + (1.0 - damping) / n
-
     def share(scores: np.ndarray) -> float:  # c for scores summing to 1
         return ((1.0 - damping) + damping * float(scores[dangling].sum())) / n
+
+    def step(scores: np.ndarray) -> np.ndarray:  # one power-iteration step
+        return damping * spread(scores * inverse_strength) + share(scores)
 
     root = np.sqrt(np.where(dangling, 1.0, strength))
     inverse_root = 1.0 / root

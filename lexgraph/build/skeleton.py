@@ -30,7 +30,7 @@ def select_skeleton(chunk_ids: npt.ArrayLike, scores: npt.ArrayLike, beta: float
     """Ids of the top ⌊β·n⌋ chunks, highest score first; equal scores go to the smaller chunk id."""
     ids = np.asarray(chunk_ids)
     values = np.asarray(scores, dtype=np.float64)
-    if ids.shape != values.shape or ids.ndim != 1:
+    if ids.ndim != 1 or values.ndim != 1:
         raise ValueError("chunk_ids and scores must be 1-d and of equal length")
     return ids[_top_rows(pl.Series(ids), pl.Series(values), beta)]
 
