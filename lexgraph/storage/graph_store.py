@@ -167,10 +167,9 @@ class GraphStore:
         """Delete these SIMILAR edges (src, dst, kind); ones not in the graph are ignored. Returns how many went."""
         if not edges.height:
             return 0
-        # both chunks joined on their ids first: matching the whole pattern at once scans every SIMILAR edge
-        return self._count("LOAD FROM $rows MATCH (a:Chunk) WHERE a.id = src MATCH (b:Chunk) WHERE b.id = dst "
-                           "MATCH (a)-[r:SIMILAR]->(b) WHERE r.kind = kind DELETE r RETURN count(*)",
-                           {"rows": edges.select("src", "dst", "kind").unique().to_arrow()})
+        return self._delete_edges("SIMILAR", "Chunk", "Chunk",
+                                  edges.select(pl.col("src").alias("from"), pl.col("dst").alias("to"), "kind"),
+                                  "WHERE r.kind = v_kind")
 
     def chunks_without_similar_edges(self) -> list[str]:
         """Chunks with no SIMILAR edge: a reloaded document's chunks lose all theirs."""
@@ -282,7 +281,8 @@ class GraphStore:
             return
         self.conn.execute("MATCH (s:Statement) WHERE s.doc_id IN $ids DETACH DELETE s", {"ids": doc_ids})
         self.conn.execute("MATCH (t:Topic) WHERE t.doc_id IN $ids DETACH DELETE t", {"ids": doc_ids})
-        self.conn.execute("MATCH (:Entity)-[r:MENTIONED_IN]->(c:Chunk) WHERE c.doc_id IN $ids DELETE r",
+        # from the chunks, as delete_keyword_links: written from the entity side, the match scans every edge
+        self.conn.execute("MATCH (c:Chunk)<-[r:MENTIONED_IN]-(:Entity) WHERE c.doc_id IN $ids DELETE r",
                           {"ids": doc_ids})
 
     def delete_lexical_nodes(self, table: str, ids: list[str], batch: int = 20_000) -> None:
@@ -304,11 +304,16 @@ class GraphStore:
     def delete_lexical_edges(self, rel: str, frame: pl.DataFrame) -> None:
         """Delete these edges of a lexical rel table (`from`, `to`); ones not in the graph are ignored."""
         if frame.height:
-            source, target = LEXICAL_RELS[rel]
-            rows = frame.select(pl.col("from").alias("v_from"), pl.col("to").alias("v_to")).unique().to_arrow()
-            # both nodes joined on their ids first: matching the whole pattern at once scans every edge of the table
-            self.conn.execute(f"LOAD FROM $rows MATCH (a:{source}) WHERE a.id = v_from MATCH (b:{target}) "
-                              f"WHERE b.id = v_to MATCH (a)-[r:{rel}]->(b) DELETE r", {"rows": rows})
+            self._delete_edges(rel, *LEXICAL_RELS[rel], frame.select("from", "to"))
+
+    def _delete_edges(self, rel: str, source: str, target: str, edges: pl.DataFrame, where: str = "") -> int:
+        """Delete the edges `edges` names (`from`, `to`, and any column `where` reads as v_<name>); returns how
+        many went. Both nodes are joined on their ids first: matching the whole pattern at once scans every
+        edge of the table."""
+        rows = edges.rename({c: f"v_{c}" for c in edges.columns}).unique().to_arrow()
+        return self._count(f"LOAD FROM $rows MATCH (a:{source}) WHERE a.id = v_from MATCH (b:{target}) "
+                           f"WHERE b.id = v_to MATCH (a)-[r:{rel}]->(b) {where} DELETE r RETURN count(*)",
+                           {"rows": rows})
 
     def lexical_edges_of(self, rel: str, doc_ids: list[str]) -> int:
         """EXTRACTED_FROM or BELONGS_TO edges of these documents' statements (counted through both nodes)."""
