@@ -155,14 +155,15 @@ def test_hashes_are_remembered_by_size_and_time_and_read_again_when_either_chang
     hashed = []
     real = onnx_export._sha256
     monkeypatch.setattr(onnx_export, "_sha256", lambda path: hashed.append(path) or real(path))
-    first = onnx_export._remembered_sha256(model_file, tmp_path)
-    assert onnx_export._remembered_sha256(model_file, tmp_path) == first and len(hashed) == 1  # from the memo
+    remembered = lambda path, memo_dir: onnx_export._remembered_sha256s([path], memo_dir)[0]  # noqa: E731
+    first = remembered(model_file, tmp_path)
+    assert remembered(model_file, tmp_path) == first and len(hashed) == 1  # from the memo
     model_file.write_bytes(b"weights" * 999)  # torn: another size
-    assert onnx_export._remembered_sha256(model_file, tmp_path) == real(model_file) != first
+    assert remembered(model_file, tmp_path) == real(model_file) != first
     stat = model_file.stat()
     model_file.write_bytes(b"WEIGHTS" * 999)  # the same size, rewritten: another time
     os.utime(model_file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
-    assert onnx_export._remembered_sha256(model_file, tmp_path) == real(model_file)
+    assert remembered(model_file, tmp_path) == real(model_file)
     assert len(hashed) == 3
     (tmp_path / onnx_export.MEMO_FILE).write_text("[torn")  # a damaged memo is hashing again, not an error
-    assert onnx_export._remembered_sha256(model_file, tmp_path) == real(model_file)
+    assert remembered(model_file, tmp_path) == real(model_file)

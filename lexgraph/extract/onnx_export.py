@@ -49,38 +49,44 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _remembered_sha256(path: Path, memo_dir: Path) -> str:
-    """The file's sha256, read again only when its size or modification time differ from those recorded in
+def _remembered_sha256s(paths: list[Path], memo_dir: Path) -> list[str]:
+    """Each file's sha256, read again only when its size or modification time differ from those recorded in
     memo_dir's MEMO_FILE: hashing the model and its exports (200 MB) cost every process start a quarter of a
-    second. A file rewritten in place gets a new time, so a torn or replaced file is still hashed again."""
+    second. A file rewritten in place gets a new time, so a torn or replaced file is still hashed again.
+    The memo is read once and written once, when a file was hashed."""
     memo_path = memo_dir / MEMO_FILE
     try:
         memo = json.loads(memo_path.read_text())
     except (OSError, ValueError):
         memo = {}
-    stat, key = path.stat(), str(path.resolve())
-    seen = memo.get(key) if isinstance(memo, dict) else None
-    if isinstance(seen, list) and seen[:2] == [stat.st_size, stat.st_mtime_ns]:
-        return str(seen[2])
-    digest = _sha256(path)
     memo = memo if isinstance(memo, dict) else {}
-    memo[key] = [stat.st_size, stat.st_mtime_ns, digest]
-    try:  # a cache of a cache: a read-only or full disk only costs the next start the hashing
-        memo_dir.mkdir(parents=True, exist_ok=True)
-        scratch = memo_dir / f".{MEMO_FILE}.{os.getpid()}"
-        scratch.write_text(json.dumps(memo))
-        os.replace(scratch, memo_path)
-    except OSError:
-        pass
-    return digest
+    digests, hashed = [], False
+    for path in paths:
+        stat, key = path.stat(), str(path.resolve())
+        seen = memo.get(key)
+        if isinstance(seen, list) and seen[:2] == [stat.st_size, stat.st_mtime_ns]:
+            digests.append(str(seen[2]))
+            continue
+        digests.append(_sha256(path))
+        memo[key], hashed = [stat.st_size, stat.st_mtime_ns, digests[-1]], True
+    if hashed:
+        try:  # a cache of a cache: a read-only or full disk only costs the next start the hashing
+            memo_dir.mkdir(parents=True, exist_ok=True)
+            scratch = memo_dir / f".{MEMO_FILE}.{os.getpid()}"
+            scratch.write_text(json.dumps(memo))
+            os.replace(scratch, memo_path)
+        except OSError:
+            pass
+    return digests
 
 
 def cache_key(model_path: str | Path, cache_dir: str | Path | None = None) -> str:
     """The model's files, the recipe and the versions that shape the exported graph."""
     digest = hashlib.sha256(f"{EXPORT_RECIPE}|{version('torch')}|{version('onnxruntime')}".encode())
     folder, memo_dir = Path(model_path), Path(cache_dir or default_cache_dir())
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in (".json", ".txt", ".safetensors", ".bin")):
-        digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + _remembered_sha256(path, memo_dir).encode())
+    paths = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in (".json", ".txt", ".safetensors", ".bin"))
+    for path, sha256 in zip(paths, _remembered_sha256s(paths, memo_dir)):
+        digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + sha256.encode())
     return digest.hexdigest()[:16]
 
 
@@ -121,7 +127,9 @@ def check_entry(entry: Path) -> str:
         for name in MODEL_FILES:
             if not (entry / name).is_file():
                 return f"{name} is missing"
-            if _remembered_sha256(entry / name, entry.parent) != manifest["sha256"][name]:
+        digests = _remembered_sha256s([entry / name for name in MODEL_FILES], entry.parent)
+        for name, digest in zip(MODEL_FILES, digests):
+            if digest != manifest["sha256"][name]:
                 return f"{name} does not match the sha256 in {MANIFEST}"
     except (OSError, ValueError, KeyError, TypeError) as error:
         return f"{MANIFEST} unreadable: {error}"
