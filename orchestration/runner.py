@@ -22,7 +22,7 @@ from tqdm import tqdm
 from lexgraph import progress as stage_progress
 from lexgraph.build import pipeline
 from lexgraph.build.corpus_index import LEXICAL_GRAPH, CorpusFiles, solo_steps
-from lexgraph.inbox import FileState, scan_folder
+from lexgraph.inbox import FileState, plan_reconcile, scan_folder
 from lexgraph.settings import Settings
 from lexgraph.storage.extract_store import ExtractStore, verify_extracts
 from lexgraph.storage.vector_store import VectorStore
@@ -89,8 +89,7 @@ def ingest_folder(folder: str | Path, instance: dg.DagsterInstance, home: str | 
     indexed = vectors.indexed_hashes()
     preload = _load_embedder_early(defs, files, indexed)
     report.repaired, damaged = drop_damaged_documents(ExtractStore(settings.extract_dir), vectors, files, indexed)
-    if report.repaired:  # taken out of the catalog
-        indexed = vectors.indexed_hashes()
+    indexed = {d: h for d, h in indexed.items() if d not in report.repaired}  # taken out of the catalog
     existing = instance.get_dynamic_partitions(documents.name)
     requests = reconcile(files, indexed, existing, purge=prune, index_dir=settings.index_dir)
     plan = requests.plan
@@ -264,7 +263,8 @@ def _load_embedder_early(defs: dg.Definitions, files: dict[str, FileState],
     the run starts: onnxruntime reads and builds its session outside the GIL, about a second the first
     document's chunking otherwise waits for (Embedder.shared hands the step the same model). A failure is
     left to the step's own load, which names it."""
-    if not any(state.content_hash != indexed.get(doc_id) and not state.problem for doc_id, state in files.items()):
+    plan = plan_reconcile(files, indexed)
+    if all(doc_id in plan.invalid for doc_id in plan.new + plan.changed):
         return None
 
     def load() -> None:
@@ -294,7 +294,7 @@ def drop_damaged_documents(store: ExtractStore, vectors: VectorStore, files: dic
     problems = verify_extracts(store, indexed, INDEXED_STAGES)
     repaired = {d: p for d, p in problems.items() if d in files and not files[d].problem}
     damaged = {d: f"{p}; the document cannot be re-ingested: " + (
-                   f"its file is no longer in the inbox (`lexgraph ingest --prune` removes it from the index)"
+                   "its file is no longer in the inbox (`lexgraph ingest --prune` removes it from the index)"
                    if d not in files else f"its file cannot be read now ({files[d].problem})")
                for d, p in problems.items() if d not in repaired}
     if repaired:
