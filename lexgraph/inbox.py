@@ -17,6 +17,7 @@ from pathlib import Path
 from time import monotonic
 from typing import Iterable, Mapping
 
+from lexgraph.atomic_json import write_json
 from lexgraph.ids import content_hash, document_id
 from lexgraph.extract.readers import probe_problem
 
@@ -391,11 +392,8 @@ class ScanCache:
         rows = {doc_id: _cache_row(state) for doc_id, state in states.items() if state.kind == "file"}
         if rows == self._loaded:
             return False
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps({"version": self.VERSION, "root": self.root, "files": list(rows.values())},
-                                      separators=(",", ":")))
-        os.replace(partial, self.path)
+        write_json(self.path, {"version": self.VERSION, "root": self.root, "files": list(rows.values())},
+                   separators=(",", ":"))
         self._loaded = rows
         return True
 
@@ -451,9 +449,7 @@ class KnownProblems:
                 entries[doc_id] = KnownProblem(digest, relative, problem, first_seen)
             for doc_id in clear:
                 entries.pop(doc_id, None)
-            partial = self.path.with_suffix(f".{os.getpid()}.tmp")
-            partial.write_text(json.dumps({k: asdict(v) for k, v in sorted(entries.items())}, indent=1))
-            os.replace(partial, self.path)
+            write_json(self.path, {k: asdict(v) for k, v in sorted(entries.items())}, indent=1)
 
 
 def entry_signature(path: Path) -> str:

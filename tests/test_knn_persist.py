@@ -222,7 +222,7 @@ def test_resave_rewrites_a_format_2_state_unchanged_and_keeps_the_graph_in_sync(
     files, chunks, vectors, words = _save(tmp_path, "approx")
     before = sorted_edges(pl.read_parquet(files.edges))
     saved, _ = ci.load_knn(files)
-    ci._write_json(files.similar_synced, {"generation": saved.generation})  # the graph holds this save's edges
+    ci.write_json(files.similar_synced, {"generation": saved.generation})  # the graph holds this save's edges
     _as_format_2(files, words)
     message = ci.resave_knn(files)
     assert message.startswith("rewritten in format 3"), message

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 
+from lexgraph.atomic_json import write_json
 from lexgraph.extract import keywords as kw
 from lexgraph.faults import KEYWORD_INDEX, crash_point
 from lexgraph.ids import content_hash
@@ -122,7 +123,7 @@ class CorpusFiles:
         self._write_built(built)
 
     def _write_built(self, built: dict[str, str]) -> None:
-        _write_json(self.built_from, built, indent=1, sort_keys=True)
+        write_json(self.built_from, built, indent=1, sort_keys=True)
 
     def forget_built(self) -> None:
         """Reloading a document deletes its chunks' SIMILAR and KEYWORD_IN edges, even when its content (so
@@ -149,7 +150,7 @@ class CorpusFiles:
         return content_hash("\n".join(lines))
 
     def record_lexical_inputs(self, digest: str) -> None:
-        _write_json(self.lexical_inputs, {"digest": digest})
+        write_json(self.lexical_inputs, {"digest": digest})
 
     def recorded_lexical_inputs(self) -> str | None:
         try:
@@ -632,7 +633,7 @@ def resave_knn(files: CorpusFiles) -> str:
     generation = _write_knn(files, saved.corpus.select("chunk_id", "doc_id", "vector_digest"), saved.lists,
                             saved.words, ann, {**saved.settings, "format": KNN_FORMAT}, edges)
     if synced:
-        _write_json(files.similar_synced, {"generation": generation})
+        write_json(files.similar_synced, {"generation": generation})
     return f"rewritten in format {KNN_FORMAT}: {saved.corpus.height} chunks, {edges.height} edges, generation {generation}"
 
 
@@ -645,14 +646,6 @@ def _read_json(path: Path) -> dict:
         return found if isinstance(found, dict) else {}
     except (FileNotFoundError, ValueError):
         return {}
-
-
-def _write_json(path: Path, value: dict, **layout) -> None:
-    """Atomic: a reader sees the old file or the new one, never half of one (layout: json.dumps options)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".tmp")
-    partial.write_text(json.dumps(value, **layout))
-    partial.replace(path)
 
 
 def edge_diff(before: pl.DataFrame, after: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
@@ -678,14 +671,14 @@ def write_similarity_edges(files: CorpusFiles, graph, result: KnnResult) -> dict
     if result.pending_save is None:
         figures = _similar_edges_to(graph, result, synced)
     else:
-        _write_json(files.similar_synced, {})
+        write_json(files.similar_synced, {})
         with ThreadPoolExecutor(1) as pool:
             saving = pool.submit(result.pending_save)
             try:
                 figures = _similar_edges_to(graph, result, synced)
             finally:
                 result.generation, result.pending_save = saving.result(), None
-    _write_json(files.similar_synced, {"generation": result.generation})
+    write_json(files.similar_synced, {"generation": result.generation})
     return figures
 
 
@@ -742,7 +735,7 @@ def select(files: CorpusFiles, ranks: pl.DataFrame, beta: float = DEFAULT_BETA) 
     diff = frame_selection_diff(previous, selection.filter("selected")["chunk_id"], ranks.select("chunk_id", "doc_id"))
     # The diff first: killed between the two writes, the next update diffs against the same previous
     # selection and publishes the same diff again.
-    _write_json(files.skeleton_diff, {"beta": beta, **diff.to_dict()}, indent=1)
+    write_json(files.skeleton_diff, {"beta": beta, **diff.to_dict()}, indent=1)
     files.write(files.skeleton, selection)
     coverage = (selection.group_by("doc_id").agg(pl.len().alias("chunks"), pl.col("selected").sum().alias("selected"))
                 .with_columns((pl.col("selected") / pl.col("chunks")).alias("share")).sort("doc_id"))
@@ -1074,7 +1067,7 @@ def write_keyword_index(files: CorpusFiles, store: ExtractStore, graph, vectors,
             and not rewrite_is_cheaper(changed, len(result.link_counts) + len(result.removed)) \
             and _keyword_graph_diff(store, graph, result, figures) \
             and _keyword_vector_diff(vectors, result, figures):
-        _write_json(files.keywords_synced, {"generation": result.generation})
+        write_json(files.keywords_synced, {"generation": result.generation})
         return figures
     before_links, before_vectors = graph.count("KEYWORD_IN"), vectors.count("keywords")
     links = keyword_chunk_links(store, sorted(result.link_counts))
@@ -1084,7 +1077,7 @@ def write_keyword_index(files: CorpusFiles, store: ExtractStore, graph, vectors,
                    keyword_links_written=links.height, keyword_links_deleted=before_links,
                    keyword_vectors_written=result.index.height, keyword_vectors_deleted=before_vectors,
                    keyword_docs_read=len(result.link_counts), keywords_rewritten=True)
-    _write_json(files.keywords_synced, {"generation": result.generation})
+    write_json(files.keywords_synced, {"generation": result.generation})
     return figures
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import polars as pl
 
+from lexgraph.atomic_json import write_json
 from lexgraph.build.pipeline import ENTITIES, FACTS, RELATIONS, STATEMENTS
 from lexgraph.ids import content_hash
 
@@ -197,10 +198,7 @@ def _read_marker(root: Path) -> dict:
 
 
 def _write_marker(root: Path, marker: dict) -> None:
-    root.mkdir(parents=True, exist_ok=True)
-    partial = root / (STATE_FILE + ".tmp")
-    partial.write_text(json.dumps(marker))
-    partial.replace(root / STATE_FILE)
+    write_json(root / STATE_FILE, marker)
 
 
 def load_state(root: Path | None) -> tuple[LexicalState | None, str]:

@@ -18,15 +18,14 @@ its cost-ledger row), so a run killed afterwards still finds it.
 from __future__ import annotations
 
 import json
-import os
 import re
-import uuid
 import warnings
 from pathlib import Path
 from typing import Any, Iterator, Mapping, NamedTuple
 
 from pydantic import ValidationError
 
+from lexgraph.atomic_json import write_json
 from lexgraph.extract.schemas import ChunkExtraction
 from lexgraph.ids import content_hash, short_hash
 
@@ -107,16 +106,10 @@ class ExtractionCache:
     def put(self, key: CacheKey, extraction: ChunkExtraction, meta: Mapping[str, Any] | None = None) -> Path:
         """Store ``extraction`` under ``key`` atomically (the last writer wins; both wrote the same answer's key)."""
         path = self.path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
         types = sorted({entity.type for entity in extraction.entities})
         payload = {"format": FORMAT, "key": list(key), "entity_types": types or None,
                    "extraction": extraction.model_dump(mode="json"), "meta": dict(meta or {})}
-        partial = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-        try:
-            partial.write_text(json.dumps(payload, ensure_ascii=False, sort_keys=True), encoding="utf-8")
-            os.replace(partial, path)
-        finally:
-            partial.unlink(missing_ok=True)
+        write_json(path, payload, ensure_ascii=False, sort_keys=True)
         return path
 
     def __contains__(self, key: CacheKey) -> bool:

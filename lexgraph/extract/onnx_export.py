@@ -8,6 +8,7 @@ its model files' sha256; a damaged or unreadable entry is reported on stderr and
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -19,6 +20,8 @@ from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
+
+from lexgraph.atomic_json import write_json
 
 # Bump when the exported graph or the quantisation changes, so old cache entries are not reused.
 EXPORT_RECIPE = "2"
@@ -70,13 +73,8 @@ def _remembered_sha256s(paths: list[Path], memo_dir: Path) -> list[str]:
         digests.append(_sha256(path))
         memo[key], hashed = [stat.st_size, stat.st_mtime_ns, digests[-1]], True
     if hashed:
-        try:  # a cache of a cache: a read-only or full disk only costs the next start the hashing
-            memo_dir.mkdir(parents=True, exist_ok=True)
-            scratch = memo_dir / f".{MEMO_FILE}.{os.getpid()}"
-            scratch.write_text(json.dumps(memo))
-            os.replace(scratch, memo_path)
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):  # a cache of a cache: a read-only or full disk only costs the next start the hashing
+            write_json(memo_path, memo)
     return digests
 
 

@@ -19,6 +19,7 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
+from lexgraph.atomic_json import write_json
 from lexgraph.build.corpus_index import catalog_digest
 from lexgraph.query.answer import Answer, ExtractiveAnswerer, LLMAnswerer
 from lexgraph.query.engine import ROUTE_CHOICES, QueryEngine, QueryParams, Retrieval
@@ -74,10 +75,7 @@ class QueryLog:
                 handle.write(line)
 
     def keep(self, query_id: str, record: dict) -> None:
-        self.answers.mkdir(parents=True, exist_ok=True)
-        partial = self.answers / f".{query_id}.tmp"
-        partial.write_text(json.dumps(record, ensure_ascii=False, indent=1, default=str), encoding="utf-8")
-        partial.replace(self.answers / f"{query_id}.json")
+        write_json(self.answers / f"{query_id}.json", record, ensure_ascii=False, indent=1, default=str)
 
     def read(self, query_id: str) -> dict:
         if not query_id or not all(c.isalnum() or c == "-" for c in query_id):

@@ -1,6 +1,7 @@
 """Per-document Extract output as Parquet: the stores are rebuilt from these files, never from LLM calls."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -10,6 +11,7 @@ from typing import Iterable
 import polars as pl
 import pyarrow.parquet as pq
 
+from lexgraph.atomic_json import write_json
 from lexgraph.errors import FileProblem
 
 PARQUET_MAGIC = b"PAR1"
@@ -161,13 +163,8 @@ class ExtractStore:
         return files if isinstance(files, dict) else {}
 
     def write_verified(self, files: dict) -> None:
-        target = self.root / VERIFIED_FILE
-        partial = target.with_suffix(f".{os.getpid()}.tmp")
-        try:
-            partial.write_text(json.dumps({"files": files}, separators=(",", ":")), encoding="utf-8")
-            os.replace(partial, target)
-        except OSError:  # only a cache: a read-only index verifies everything each time
-            partial.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # only a cache: a read-only index verifies everything each time
+            write_json(self.root / VERIFIED_FILE, {"files": files}, separators=(",", ":"))
 
     def remove_corrupt(self, doc_id: str) -> list[Path]:
         """Delete a document's truncated or damaged files (its re-ingestion writes them again)."""

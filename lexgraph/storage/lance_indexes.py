@@ -22,6 +22,7 @@ import polars as pl
 import pyarrow as pa
 from lancedb.index import FTS, BTree, IvfFlat, IvfPq
 
+from lexgraph.atomic_json import write_json
 from lexgraph.storage.vector_store import CHUNKS, KEYWORDS, VectorStore, _in_list
 
 KEYWORD_LINKS = "keyword_links"
@@ -266,11 +267,7 @@ def read_state(corpus_dir: Path) -> dict:
 
 
 def _write_state(corpus_dir: Path, state: dict) -> None:
-    path = state_path(corpus_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".tmp")
-    partial.write_text(json.dumps(state, indent=1), encoding="utf-8")
-    partial.replace(path)
+    write_json(state_path(corpus_dir), state, indent=1)
 
 
 def refresh_decision(rows: int, trained_rows: int | None, states: dict[str, IndexState]) -> str:
