@@ -199,9 +199,10 @@ class CostLedger:
         unknown = [name for name in by if name not in SCHEMA]
         if unknown:
             raise LedgerError(f"cannot total by {unknown}; columns are {list(SCHEMA)}")
-        data = self.read(run_id) if frame is None else frame
-        if run_id is not None:  # a frame given may hold every run
-            data = data.filter(pl.col("run_id") == run_id)
+        if frame is None:
+            data = self.read(run_id)
+        else:  # a frame given may hold every run
+            data = frame if run_id is None else frame.filter(pl.col("run_id") == run_id)
         refused = ~pl.col("cache_hit") & (pl.col("attempts") == 0)  # nothing sent (an open circuit breaker)
         aggregates = [
             (pl.len() - refused.sum()).cast(pl.Int64).alias("calls"),

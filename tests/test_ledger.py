@@ -57,6 +57,9 @@ def test_totals_by_stage_and_model(tmp_path):
 
     only_run_2 = ledger.totals(run_id="run-2")
     assert only_run_2.height == 1 and only_run_2["calls"][0] == 1
+    everything = ledger.read()  # a frame already read holds every run: run_id still restricts it
+    assert ledger.totals(by=(), run_id="run-2", frame=everything)["calls"][0] == 1
+    assert ledger.totals(by=(), frame=everything)["calls"][0] == 12
     overall = ledger.totals(by=())
     assert overall["calls"][0] == 12
     by_outcome = ledger.totals(by="outcome")
