@@ -4,7 +4,8 @@ fresh-process adds (benchmarks.fresh_add) measure the steady state, not a one-of
 
     .venv/bin/python -m benchmarks.settle_index <index home>
 
-Steps, each skipped when already done: the KNN save rewritten in its current format; the chunk rows' former
+Steps, each skipped when already done: the KNN save rewritten in its current format; the graph's SIMILAR
+table recreated in its current schema with the save's edges; the chunk rows' former
 PageRank and skeleton columns dropped (they live in the chunk_scores table); the keyword index rewritten as
 an Arrow base (with the id its deltas name); the lexical graph's saved state written (a rebuild of the same graph, nothing
 embedded), or one saved as Parquet written again as Arrow; the record of extract files verified whole
@@ -24,7 +25,7 @@ from lexgraph.extract.embedder import Embedder
 from lexgraph.settings import Settings
 from lexgraph.storage import lance_indexes, lance_maintenance
 from lexgraph.storage.extract_store import ExtractStore, verify_extracts
-from lexgraph.storage.graph_store import GraphStore
+from lexgraph.storage.graph_store import SIMILAR_SCHEMA, GraphStore
 from lexgraph.storage.vector_store import CHUNKS, VectorStore
 
 
@@ -44,6 +45,22 @@ def keyword_index(files: ci.CorpusFiles, dimension: int) -> str:
         return "no trusted index to rewrite (the next update rebuilds it)"
     ci._write_keyword_index(files, index, included, links)
     return f"{index.height} keywords rewritten as an Arrow base (deltas extend it)"
+
+
+def similar_schema(settings: Settings, files: ci.CorpusFiles) -> str:
+    """The graph's SIMILAR in the current schema, holding the save's edges: opening a writer recreates a table
+    of an older schema empty, and the save's edges are written back whole, as the next update would."""
+    previous = ci._read_json(files.similar_synced).get("generation")
+    with GraphStore.writer(settings.graph_path) as graph:
+        if ci.synced_similar_generation(files) is not None:
+            return "already current"
+        saved, reason = ci.load_knn(files)
+        if saved is None or previous != saved.generation:
+            return f"the graph did not hold the save's edges ({reason or 'no sync record'}): the next update writes them"
+        edges = ci.saved_edges(saved)
+        graph.replace_similarity_edges(edges)
+    ci.record_similar_synced(files, saved.generation)
+    return f"SIMILAR recreated in schema {SIMILAR_SCHEMA}, {edges.height} edges written"
 
 
 def chunk_score_columns(vectors: VectorStore) -> str:
@@ -92,6 +109,7 @@ def main() -> None:
     files, vectors = ci.CorpusFiles(settings.index_dir), VectorStore(settings.lance_uri)
     embedder = Embedder.shared(settings.embed_model)
     timed("knn save", lambda: ci.resave_knn(files))
+    timed("graph's SIMILAR schema", lambda: similar_schema(settings, files))
     timed("chunk rows' score columns", lambda: chunk_score_columns(vectors))
     timed("keyword index", lambda: keyword_index(files, embedder.dimension))
     timed("lexical state", lambda: lexical_state(settings, files, vectors, embedder))

@@ -29,7 +29,7 @@ def snapshot(home: Path) -> dict:
     settings = Settings.from_env(home=home)
     graph = GraphStore(settings.graph_path)
     try:
-        similar = graph.query("MATCH (a:Chunk)-[r:SIMILAR]->(b:Chunk) RETURN a.id, b.id, r.kind, r.weight")
+        similar = graph.similarity_edges()
         keywords = graph.query("MATCH (k:Keyword) RETURN k.id")
         links = graph.query("MATCH (k:Keyword)-[r:KEYWORD_IN]->(c:Chunk) RETURN k.id, c.id, r.occurrences")
     finally:

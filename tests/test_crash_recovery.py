@@ -63,8 +63,7 @@ def store_snapshot(home: Path) -> dict:
         part_of = graph.query("MATCH (c:Chunk) OPTIONAL MATCH (c)-[r:PART_OF]->(:Source) "
                               "WITH c, count(r) AS n RETURN min(n) AS least, max(n) AS most")
         next_out = graph.query("MATCH (c:Chunk)-[r:NEXT]->(:Chunk) WITH c, count(r) AS n RETURN max(n) AS most")
-        similar = graph.query("MATCH (a:Chunk)-[r:SIMILAR]->(b:Chunk) RETURN a.id AS src, b.id AS dst, "
-                              "r.kind AS kind, r.weight AS weight")
+        similar = graph.similarity_edges()
         keyword_in = graph.query("MATCH (k:Keyword)-[r:KEYWORD_IN]->(c:Chunk) RETURN k.id AS keyword, "
                                  "c.id AS chunk_id, r.occurrences AS n")
         scores = graph.query("MATCH (c:Chunk) RETURN c.id AS chunk_id, c.pagerank AS pagerank, "

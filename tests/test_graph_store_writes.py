@@ -58,3 +58,24 @@ def test_lexical_edge_deletes_take_only_the_edges_named(tmp_path):
                                                                    "to": ["d1-b", "d1-b", "d1-a", "d1-a"]}))
         left = graph.query("MATCH (s:Statement)-[:EXTRACTED_FROM]->(c:Chunk) RETURN s.id AS sid, c.id AS cid ORDER BY sid, cid")
         assert left.rows() == [("s1", "d1-a"), ("s2", "d1-b")]
+
+
+def test_a_delete_matched_from_a_few_source_nodes_takes_the_same_edges_as_one_over_every_edge(tmp_path, monkeypatch):
+    """Deletes naming at most MASKED_DELETE_SOURCES source nodes match from those nodes' offsets; more, from a
+    join over every edge. Same edges, same count, with kinds, repeats, unknown ids and edges of both directions."""
+    from lexgraph.storage import graph_store
+
+    doomed = pl.DataFrame({"src": ["d1-a", "d1-a", "d1-a", "d1-b", "nope", "d1-a"],
+                           "dst": ["d1-b", "d1-b", "d2-a", "d1-a", "d2-a", "nope"],
+                           "kind": ["lexical", "lexical", "semantic", "semantic", "semantic", "lexical"]})
+    left = {}
+    for limit in (graph_store.MASKED_DELETE_SOURCES, 0):
+        monkeypatch.setattr(graph_store, "MASKED_DELETE_SOURCES", limit)
+        with GraphStore.writer(tmp_path / f"g{limit}.kuzu") as graph:
+            _documents(graph)
+            graph.add_similarity_edges(EDGES)
+            assert graph.delete_similarity_edges(doomed) == 1  # only (d1-a, d1-b, lexical) is there
+            assert graph.delete_similarity_edges(pl.DataFrame({"src": ["nope"], "dst": ["d1-a"], "kind": ["semantic"]})) == 0
+            left[limit] = sorted(graph.similarity_edges().iter_rows())
+    assert left[0] == left[graph_store.MASKED_DELETE_SOURCES] == sorted(
+        row for row in EDGES.iter_rows() if row[:3] != ("d1-a", "d1-b", "lexical"))

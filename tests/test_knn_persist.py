@@ -222,14 +222,14 @@ def test_resave_rewrites_a_format_2_state_unchanged_and_keeps_the_graph_in_sync(
     files, chunks, vectors, words = _save(tmp_path, "approx")
     before = sorted_edges(pl.read_parquet(files.edges))
     saved, _ = ci.load_knn(files)
-    ci.write_json(files.similar_synced, {"generation": saved.generation})  # the graph holds this save's edges
+    ci.record_similar_synced(files, saved.generation)  # the graph holds this save's edges
     _as_format_2(files, words)
     message = ci.resave_knn(files)
     assert message.startswith("rewritten in format 3"), message
     assert sorted_edges(pl.read_parquet(files.edges)).equals(before)
     migrated, reason = ci.load_knn(files)
     assert reason == "" and migrated.settings["format"] == ci.KNN_FORMAT
-    assert ci._read_json(files.similar_synced)["generation"] == migrated.generation
+    assert ci.synced_similar_generation(files) == migrated.generation
     assert [p.name for p in files.root.glob("knn_hnsw.*.faiss")] == [files.ann_index(migrated.generation).name]
     assert ci.resave_knn(files) == "nothing rewritten: already in the current format"
     # and the next update starts from it with the saved HNSW index

@@ -10,8 +10,7 @@ from lexgraph.storage.graph_store import GraphStore
 from tests.helpers import clustered_corpus, load_chunk_nodes
 
 def similar(graph: GraphStore) -> list[tuple]:
-    rows = graph.query("MATCH (a:Chunk)-[r:SIMILAR]->(b:Chunk) RETURN a.id, b.id, r.kind, r.weight")
-    return sorted(tuple(row) for row in rows.iter_rows())
+    return sorted(graph.similarity_edges().iter_rows())
 
 
 def add_in_steps(root, save: bool, fail_graph_write: bool = False):
@@ -34,7 +33,7 @@ def test_the_state_saved_alongside_the_graph_write_is_the_same_as_saved_first(tm
     files_b, result_b, edges_b = add_in_steps(tmp_path / "first", save=True)
     assert edges_a == edges_b and len(edges_a) == result_a.edges.height
     assert result_a.pending_save is None and result_a.generation  # saved, and the record names that save
-    assert ci._read_json(files_a.similar_synced) == {"generation": result_a.generation}
+    assert ci.synced_similar_generation(files_a) == result_a.generation
     saved_a, reason = ci.load_knn(files_a)
     saved_b, _ = ci.load_knn(files_b)
     assert reason == "" and saved_a.generation == result_a.generation and saved_a.edges_current
@@ -51,7 +50,7 @@ def test_a_failed_graph_write_leaves_no_sync_record_and_the_next_update_writes_t
     with pytest.raises(RuntimeError, match="disk full"):
         add_in_steps(tmp_path, save=False, fail_graph_write=True)
     files = ci.CorpusFiles(tmp_path / "corpus")
-    assert ci._read_json(files.similar_synced).get("generation") is None
+    assert ci._read_json(files.similar_synced).get("generation") is None and ci.synced_similar_generation(files) is None
     saved, reason = ci.load_knn(files)
     assert reason == ""  # the state of the failed update was still saved whole
     chunks, vectors, words = clustered_corpus(80, seed=11, doc_size=10, vocabulary=40)

@@ -23,6 +23,7 @@ from lexgraph.extract import keywords as kw
 from lexgraph.faults import KEYWORD_INDEX, crash_point
 from lexgraph.ids import content_hash
 from lexgraph.storage.extract_store import ExtractStore
+from lexgraph.storage.graph_store import SIMILAR_SCHEMA
 from lexgraph.build.lexical_diff import rewrite_is_cheaper
 from lexgraph.build.knn import (DEFAULT_K, LEXICAL, SEMANTIC, AnnIndex, AnnIndexError, KnnUpdate, SavedLists,
                                 WordMatrix, append_in_order, edge_changes, edges_of, lexical_knn, lists_from_frame,
@@ -628,13 +629,18 @@ def resave_knn(files: CorpusFiles) -> str:
     if saved.settings.get("format") == KNN_FORMAT:
         return "nothing rewritten: already in the current format"
     ann, _, _ = _load_ann(files, saved, np.ones(saved.corpus.height, dtype=bool))  # written whole
-    edges = pl.concat([edges_of(saved.lists[kind], kind) for kind in (SEMANTIC, LEXICAL)])
-    synced = _read_json(files.similar_synced).get("generation") == saved.generation
+    edges = saved_edges(saved)
+    synced = synced_similar_generation(files) == saved.generation
     generation = _write_knn(files, saved.corpus.select("chunk_id", "doc_id", "vector_digest"), saved.lists,
                             saved.words, ann, {**saved.settings, "format": KNN_FORMAT}, edges)
     if synced:
-        write_json(files.similar_synced, {"generation": generation})
+        record_similar_synced(files, generation)
     return f"rewritten in format {KNN_FORMAT}: {saved.corpus.height} chunks, {edges.height} edges, generation {generation}"
+
+
+def saved_edges(saved: SavedKnn) -> pl.DataFrame:
+    """The SIMILAR edges of a save's lists, both kinds."""
+    return pl.concat([edges_of(saved.lists[kind], kind) for kind in (SEMANTIC, LEXICAL)])
 
 
 EDGE_KEY = ["src", "dst", "kind"]
@@ -646,6 +652,19 @@ def _read_json(path: Path) -> dict:
         return found if isinstance(found, dict) else {}
     except (FileNotFoundError, ValueError):
         return {}
+
+
+def synced_similar_generation(files: CorpusFiles) -> str | None:
+    """The KNN save whose edges the graph's SIMILAR holds, or None. A record written for an older SIMILAR
+    schema is void: the first writer to open such a graph recreated the table empty (GraphStore)."""
+    record = _read_json(files.similar_synced)
+    return record.get("generation") if record.get("similar_schema") == SIMILAR_SCHEMA else None
+
+
+def record_similar_synced(files: CorpusFiles, generation: str | None) -> None:
+    """Name the save the graph's SIMILAR edges now hold (None: clear the record before writing them)."""
+    write_json(files.similar_synced, {} if generation is None else {"generation": generation,
+                                                                    "similar_schema": SIMILAR_SCHEMA})
 
 
 def edge_diff(before: pl.DataFrame, after: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
@@ -667,18 +686,18 @@ def write_similarity_edges(files: CorpusFiles, graph, result: KnnResult) -> dict
     writes release the GIL (0.5 s of files beside 2 s of Kùzu at 100k chunks). The sync record is cleared
     before them and names the new save only once both are done, so a crash in either leaves the next
     update writing the edges whole. Returns what was written, for run metadata."""
-    synced = _read_json(files.similar_synced).get("generation")
+    synced = synced_similar_generation(files)
     if result.pending_save is None:
         figures = _similar_edges_to(graph, result, synced)
     else:
-        write_json(files.similar_synced, {})
+        record_similar_synced(files, None)
         with ThreadPoolExecutor(1) as pool:
             saving = pool.submit(result.pending_save)
             try:
                 figures = _similar_edges_to(graph, result, synced)
             finally:
                 result.generation, result.pending_save = saving.result(), None
-    write_json(files.similar_synced, {"generation": result.generation})
+    record_similar_synced(files, result.generation)
     return figures
 
 

@@ -20,7 +20,8 @@ SCHEMA = [
     "CREATE NODE TABLE IF NOT EXISTS Keyword(id STRING, PRIMARY KEY(id))",
     "CREATE REL TABLE IF NOT EXISTS PART_OF(FROM Chunk TO Source)",
     "CREATE REL TABLE IF NOT EXISTS NEXT(FROM Chunk TO Chunk)",
-    "CREATE REL TABLE IF NOT EXISTS SIMILAR(FROM Chunk TO Chunk, kind STRING, weight DOUBLE)",
+    # kind: the KNN list an edge comes from, as its position in SIMILAR_KINDS (0 semantic, 1 lexical)
+    "CREATE REL TABLE IF NOT EXISTS SIMILAR(FROM Chunk TO Chunk, kind UINT8, weight DOUBLE)",
     "CREATE REL TABLE IF NOT EXISTS KEYWORD_IN(FROM Keyword TO Chunk, occurrences INT64)",
     # The lexical graph (Source → Chunk → Statement → Topic / Fact / Entity); every extracted node records
     # its provenance: extractor, model, prompt version and extraction time.
@@ -44,13 +45,28 @@ SCHEMA = [
     "CREATE REL TABLE IF NOT EXISTS RELATED(FROM Entity TO Entity, predicate STRING, description STRING, weight DOUBLE)",
     "CREATE REL TABLE IF NOT EXISTS MENTIONED_IN(FROM Entity TO Chunk, description STRING)",
 ]
+# SIMILAR's kind codes: 0 = semantic (neighbours by chunk embedding), 1 = lexical (by shared distinct content
+# words). A code, not the name: a small add's checkpoint rewrites the rel table's columns in every node group it
+# touches, and a STRING kind made that a third dearer (docs/perf/kuzu_writes.md). Graphs written with
+# `kind STRING` (before SIMILAR_SCHEMA 2) are migrated by the first writer that opens them.
+SIMILAR_KINDS = ("semantic", "lexical")
+SIMILAR_SCHEMA = 2
 # Node tables of the lexical graph, rebuilt together from the extract Parquet files, and its edges.
 LEXICAL_NODES = ("Statement", "Topic", "Fact", "Entity")
 LEXICAL_RELS = {"EXTRACTED_FROM": ("Statement", "Chunk"), "BELONGS_TO": ("Statement", "Topic"),
                 "TOPIC_OF": ("Topic", "Source"), "SUPPORTS": ("Fact", "Statement"), "SUBJECT": ("Entity", "Fact"),
                 "OBJECT": ("Entity", "Fact"), "RELATED": ("Entity", "Entity"), "MENTIONED_IN": ("Entity", "Chunk")}
+# Edge deletes naming at most this many source nodes match from those nodes' offsets: 350 SIMILAR edges of 2.65M
+# in 0.15 s instead of 0.49 s; but 3,000 edges (2,946 sources) took 0.70 s so, 0.43 s by the join over every edge.
+MASKED_DELETE_SOURCES = 1_000
 # How long a writer waits for another process to finish before giving up with a clear error.
 WRITER_WAIT_SECONDS = 600.0
+
+
+def _kind_code() -> pl.Expr:
+    """SIMILAR's kind name as its code; a name not in SIMILAR_KINDS is an error, not a null."""
+    return pl.col("kind").replace_strict({name: code for code, name in enumerate(SIMILAR_KINDS)},
+                                         return_dtype=pl.UInt8)
 
 
 class GraphBusyError(RuntimeError):
@@ -93,6 +109,15 @@ class GraphStore:
         if writable:
             for statement in SCHEMA:
                 self.conn.execute(statement)
+            self._migrate_similar()
+
+    def _migrate_similar(self) -> None:
+        """SIMILAR written with `kind STRING` is recreated empty in the current schema. Its edges come back
+        whole with the next corpus update: the sync record names SIMILAR_SCHEMA, so older records are void
+        (lexgraph.build.corpus_index.synced_similar_generation), whether or not this process lives on."""
+        kind = self.conn.execute("CALL table_info('SIMILAR') WHERE name = 'kind' RETURN type").get_next()[0]
+        if kind == "STRING":
+            self._recreate("SIMILAR")
 
     @classmethod
     @contextmanager
@@ -160,16 +185,29 @@ class GraphStore:
         self.add_similarity_edges(edges)
 
     def add_similarity_edges(self, edges: pl.DataFrame) -> None:
-        """Bulk-copy SIMILAR edges (src, dst, kind, weight); both chunks must be in the graph."""
-        self._copy("SIMILAR", edges.select(pl.col("src").alias("from"), pl.col("dst").alias("to"), "kind", "weight"))
+        """Bulk-copy SIMILAR edges (src, dst, kind name, weight); both chunks must be in the graph."""
+        self._copy("SIMILAR", edges.select(pl.col("src").alias("from"), pl.col("dst").alias("to"),
+                                           _kind_code(), "weight"))
 
     def delete_similarity_edges(self, edges: pl.DataFrame) -> int:
-        """Delete these SIMILAR edges (src, dst, kind); ones not in the graph are ignored. Returns how many went."""
+        """Delete these SIMILAR edges (src, dst, kind name); ones not in the graph are ignored. Returns how many went."""
         if not edges.height:
             return 0
         return self._delete_edges("SIMILAR", "Chunk", "Chunk",
-                                  edges.select(pl.col("src").alias("from"), pl.col("dst").alias("to"), "kind"),
-                                  "WHERE r.kind = v_kind")
+                                  edges.select(pl.col("src").alias("from"), pl.col("dst").alias("to"), _kind_code()),
+                                  "r.kind = v_kind")
+
+    def similarity_edges(self) -> pl.DataFrame:
+        """Every SIMILAR edge as src, dst, kind (its name), weight: for audits and tests."""
+        schema = {"src": pl.String, "dst": pl.String, "kind": pl.String, "weight": pl.Float64}
+        found = self.query("MATCH (a:Chunk)-[r:SIMILAR]->(b:Chunk) "
+                           "RETURN a.id AS src, b.id AS dst, r.kind AS kind, r.weight AS weight")
+        if not found.height:
+            return pl.DataFrame(schema=schema)
+        if found["kind"].dtype != pl.String:  # a graph no writer has migrated yet holds the names
+            found = found.with_columns(pl.col("kind").replace_strict(dict(enumerate(SIMILAR_KINDS)),
+                                                                     return_dtype=pl.String))
+        return found.cast(schema)
 
     def chunks_without_similar_edges(self) -> list[str]:
         """Chunks with no SIMILAR edge: a reloaded document's chunks lose all theirs."""
@@ -306,14 +344,24 @@ class GraphStore:
         if frame.height:
             self._delete_edges(rel, *LEXICAL_RELS[rel], frame.select("from", "to"))
 
-    def _delete_edges(self, rel: str, source: str, target: str, edges: pl.DataFrame, where: str = "") -> int:
-        """Delete the edges `edges` names (`from`, `to`, and any column `where` reads as v_<name>); returns how
-        many went. Both nodes are joined on their ids first: matching the whole pattern at once scans every
-        edge of the table."""
+    def _delete_edges(self, rel: str, source: str, target: str, edges: pl.DataFrame, condition: str = "") -> int:
+        """Delete the edges `edges` names (`from`, `to`, and any column `condition` reads as v_<name>); returns
+        how many went. Kùzu plans a per-row match as a hash join over every edge of the table; for a few source
+        nodes, their offsets found first mask the scan to their own edges (MASKED_DELETE_SOURCES)."""
         rows = edges.rename({c: f"v_{c}" for c in edges.columns}).unique().to_arrow()
+        extra = f" AND {condition}" if condition else ""
+        sources = edges.select(pl.col("from").unique().alias("v_from"))
+        if sources.height <= MASKED_DELETE_SOURCES:
+            found = self.query(f"LOAD FROM $rows MATCH (a:{source}) WHERE a.id = v_from RETURN offset(id(a)) AS o",
+                               {"rows": sources.to_arrow()})
+            if not found.height:
+                return 0
+            return self._count(f"LOAD FROM $rows MATCH (a:{source})-[r:{rel}]->(b:{target}) WHERE offset(id(a)) IN "
+                               f"$offsets AND a.id = v_from AND b.id = v_to{extra} DELETE r RETURN count(*)",
+                               {"rows": rows, "offsets": found["o"].to_list()})
         return self._count(f"LOAD FROM $rows MATCH (a:{source}) WHERE a.id = v_from MATCH (b:{target}) "
-                           f"WHERE b.id = v_to MATCH (a)-[r:{rel}]->(b) {where} DELETE r RETURN count(*)",
-                           {"rows": rows})
+                           f"WHERE b.id = v_to MATCH (a)-[r:{rel}]->(b) {f'WHERE {condition} ' if condition else ''}"
+                           "DELETE r RETURN count(*)", {"rows": rows})
 
     def lexical_edges_of(self, rel: str, doc_ids: list[str]) -> int:
         """EXTRACTED_FROM or BELONGS_TO edges of these documents' statements (counted through both nodes)."""
