@@ -15,7 +15,7 @@ from lexgraph.extract.schemas import DEFAULT_ENTITY_TYPES
 from lexgraph.ids import short_hash
 
 # Bump when chunking output changes for the same input, so a new index version is built.
-CHUNKER_VERSION = "2"
+CHUNKER_VERSION = "3"
 DEFAULT_CHUNK_TOKENS = 200
 MIN_CHUNK_TOKENS = 16
 KNN_MODES = ("auto", "exact", "approx")

@@ -368,3 +368,23 @@ def test_crlf_text_keeps_offsets(model):
     blocks = list(markdown_blocks(text))
     assert [(b.kind, text[b.start:b.end], b.heading_path) for b in blocks] == [
         ("heading", "Title\r\n=====", ("Title",)), ("paragraph", "body one\r\nbody two", ("Title",))]
+
+
+def test_lines_of_an_over_budget_paragraph_stay_whole_when_they_fit(model):
+    """A chat log or a file of one paragraph per line (no blank lines): chunks end at line ends, so no message
+    or paragraph loses its first half (the speaker, the subject) to the chunk before."""
+    lines = [f"Speaker{i}: " + " ".join(f"word{i}x{j}." for j in range(9)) for i in range(30)]
+    long_line = "Narrator: " + " ".join(f"Sentence number {j} runs on here." for j in range(60))
+    text = "\n".join(lines[:12] + [long_line] + lines[12:])
+    budget = 64
+    assert all(real_count(model, line) <= budget for line in lines) and real_count(model, long_line) > budget
+    for markdown in (False, True):
+        chunks = chunks_of(model, text, budget, markdown=markdown)
+        assert_chunk_invariants(model, text, chunks, budget)
+        assert_covers_in_order(text, chunks)
+        for line in lines:  # every line that fits is inside one chunk
+            assert any(line in c.text for c in chunks), line
+        for chunk in chunks:  # and chunks start at a line's or a sentence's start
+            assert chunk.text.startswith(("Speaker", "Narrator", "Sentence number")), chunk.text
+        # the line over budget is cut at its sentences, never mid-word
+        assert all(c.text.rstrip().endswith(".") for c in chunks)

@@ -184,6 +184,24 @@ def _token_windows(text: str, start: int, end: int, counter: TokenCounter, budge
     return windows
 
 
+def _split(text: str, block: Block, counter: TokenCounter, budget: int) -> Iterator[tuple[Block, int]]:
+    """An over-budget block cut at lines first (a chat message, a plain-text paragraph stays whole when it
+    fits), then a line still over budget at sentences, then at word pieces."""
+    lines = _sentence_spans(text, block.start, block.end, by_line=True)
+    for (s, e), n in zip(lines, counter.count_tokens([text[a:b] for a, b in lines])):
+        if n <= budget:
+            yield Block(s, e, block.kind, block.heading_path), n
+            continue
+        sentences = [(s, e)] if block.kind in ("table", "code") else _sentence_spans(text, s, e, by_line=False)
+        for (ss, se), sn in zip(sentences, counter.count_tokens([text[a:b] for a, b in sentences])):
+            if sn <= budget:
+                yield Block(ss, se, block.kind, block.heading_path), sn
+                continue
+            windows = _token_windows(text, ss, se, counter, budget)
+            for (ws, we), wn in zip(windows, counter.count_tokens([text[a:b] for a, b in windows])):
+                yield Block(ws, we, block.kind, block.heading_path), wn
+
+
 def _units(text: str, blocks: Iterable[Block], counter: TokenCounter, budget: int) -> Iterator[tuple[Block, int]]:
     """Blocks no larger than the budget, each with its token count."""
     pending: list[Block] = []
@@ -194,15 +212,7 @@ def _units(text: str, blocks: Iterable[Block], counter: TokenCounter, budget: in
             if count <= budget:
                 yield block, count
                 continue
-            pieces = _sentence_spans(text, block.start, block.end, by_line=block.kind in ("table", "code"))
-            piece_counts = counter.count_tokens([text[s:e] for s, e in pieces])
-            for (s, e), n in zip(pieces, piece_counts):
-                if n <= budget:
-                    yield Block(s, e, block.kind, block.heading_path), n
-                    continue
-                windows = _token_windows(text, s, e, counter, budget)
-                for (ws, we), wn in zip(windows, counter.count_tokens([text[a:b] for a, b in windows])):
-                    yield Block(ws, we, block.kind, block.heading_path), wn
+            yield from _split(text, block, counter, budget)
         pending.clear()
 
     for block in blocks:
