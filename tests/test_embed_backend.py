@@ -12,7 +12,8 @@ import pytest
 from lexgraph import progress
 from lexgraph.extract import onnx_export
 from lexgraph.extract.embedder import Embedder, InputTooLongError, resolve_model_path
-from lexgraph.settings import Settings, SettingsError
+from lexgraph.ids import short_hash
+from lexgraph.settings import CHUNKER_VERSION, Settings, SettingsError
 
 SENTENCES = ["Li Hua bought flowers for Wolfgang's birthday.", "The bakery delivers bread every morning at seven.",
              "Quarterly revenue of the shipping group fell by four percent.", "Who runs Kestrel?"]
@@ -41,8 +42,9 @@ def test_backend_setting_values_and_index_version():
     versions = {s.index_version for s in (torch_settings, onnx_settings, int8_settings)}
     assert len(versions) == 3
     assert torch_settings.index_dir != onnx_settings.index_dir
-    # torch keeps the version indexes had before the backend was a setting
-    assert torch_settings.index_version == "v57e82462"
+    # torch keeps the version indexes had before the backend was a setting: no backend in the hash
+    assert torch_settings.index_version == "v" + short_hash(
+        f"{CHUNKER_VERSION}|{torch_settings.embed_model}|{torch_settings.chunk_tokens}", 8)
     assert Settings.from_env({}).embed_backend == "onnx"
     with pytest.raises(SettingsError, match=r"^LEXGRAPH_EMBED_BACKEND must be one of torch, onnx, onnx-int8, got 'cuda'$"):
         Settings.from_env({"LEXGRAPH_EMBED_BACKEND": "cuda"})
