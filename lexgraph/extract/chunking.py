@@ -1,8 +1,9 @@
 """Structure-aware chunking sized for the embedder, with character offsets for citations.
 
 Markdown headings become each chunk's heading path; tables and fenced code blocks stay whole
-when they fit in one chunk; anything over the token budget is cut at sentence, then line, then
-word-piece boundaries, so the embedder never truncates.
+when they fit in one chunk; anything over the token budget is cut at lines (a line that fits stays whole:
+a chat message, or a paragraph of a file with one per line), then sentences, then word pieces, so the
+embedder never truncates.
 """
 from __future__ import annotations
 
