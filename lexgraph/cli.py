@@ -3,6 +3,7 @@ Dagster, so they are handed in by orchestration.cli, the console-script entry po
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -70,6 +71,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     settings = _settings(args)
     vectors = VectorStore(settings.lance_uri)
     print(f"index {settings.index_dir} (collection {settings.collection}, version {settings.index_version})")
+    others = _other_versions(settings)
+    if others:  # after an upgrade that changes the version, the old index is still on disk but no longer read
+        print(f"  other index versions in this collection, not read (built by another chunker, model or chunk "
+              f"size; delete a folder to free its space): {', '.join(others)}")
     print(f"  lancedb sources: {vectors.count('sources')}  chunks: {vectors.count('chunks')}")
     try:
         graph = GraphStore(settings.graph_path)
@@ -96,6 +101,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         for row in catalog.sort("relative_path").iter_rows(named=True):
             print(f"  {row['doc_id']:<56} {row['chunk_count']:>6}  {row['relative_path']}")
     return 0
+
+
+def _other_versions(settings: Settings) -> list[str]:
+    collection = Path(settings.index_dir).parent
+    if not collection.is_dir():
+        return []
+    return sorted(p.name for p in collection.iterdir()
+                  if p.is_dir() and p.name != settings.index_version and re.fullmatch(r"v[0-9a-f]{8}", p.name))
 
 
 def _endpoint(url: str) -> str:

@@ -1,5 +1,6 @@
 """The `lexgraph` CLI end to end on the bundled sample corpus (plus one slide deck, for page citations)."""
 import re
+from pathlib import Path
 
 import pytest
 
@@ -52,6 +53,21 @@ def test_ingest_reports_and_status_counts(indexed_sample, capsys):
     assert "board minutes 2024-03.md" in out
     chunks = int(out.split("chunks: ")[1].split()[0])
     assert f"kuzu Source: {n_files}  Chunk: {chunks}" in out
+    assert "other index versions" not in out
+
+
+def test_status_names_an_index_of_another_version_left_beside_this_one(tmp_path, capsys):
+    from lexgraph.settings import Settings
+
+    home = tmp_path / "home"
+    settings = Settings.from_env(home=home)
+    old = Path(settings.index_dir).parent / "v0123abcd"  # an index built before a chunker or model change
+    old.mkdir(parents=True)
+    (old.parent / "notes").mkdir()  # not an index version
+    assert main(["--home", str(home), "status"]) == 0
+    out = capsys.readouterr().out
+    assert "other index versions in this collection, not read" in out and out.count("v0123abcd") == 1
+    assert "notes" not in out and "lancedb sources: 0" in out
 
 
 def test_heuristic_lexical_graph_on_the_sample_corpus(indexed_sample, capsys):
