@@ -188,19 +188,25 @@ def _token_windows(text: str, start: int, end: int, counter: TokenCounter, budge
 def _split(text: str, block: Block, counter: TokenCounter, budget: int) -> Iterator[tuple[Block, int]]:
     """An over-budget block cut at lines first (a chat message, a plain-text paragraph stays whole when it
     fits), then a line still over budget at sentences, then at word pieces."""
-    lines = _sentence_spans(text, block.start, block.end, by_line=True)
-    for (s, e), n in zip(lines, counter.count_tokens([text[a:b] for a, b in lines])):
+    def piece(start: int, end: int) -> Block:
+        return Block(start, end, block.kind, block.heading_path)
+
+    for (s, e), n in _counted(text, _sentence_spans(text, block.start, block.end, by_line=True), counter):
         if n <= budget:
-            yield Block(s, e, block.kind, block.heading_path), n
+            yield piece(s, e), n
             continue
         sentences = [(s, e)] if block.kind in ("table", "code") else _sentence_spans(text, s, e, by_line=False)
-        for (ss, se), sn in zip(sentences, counter.count_tokens([text[a:b] for a, b in sentences])):
+        for (ss, se), sn in _counted(text, sentences, counter):
             if sn <= budget:
-                yield Block(ss, se, block.kind, block.heading_path), sn
+                yield piece(ss, se), sn
                 continue
-            windows = _token_windows(text, ss, se, counter, budget)
-            for (ws, we), wn in zip(windows, counter.count_tokens([text[a:b] for a, b in windows])):
-                yield Block(ws, we, block.kind, block.heading_path), wn
+            for (ws, we), wn in _counted(text, _token_windows(text, ss, se, counter, budget), counter):
+                yield piece(ws, we), wn
+
+
+def _counted(text: str, spans: list[tuple[int, int]], counter: TokenCounter) -> Iterator:
+    """Each span with its word-piece count, counted in one call."""
+    return zip(spans, counter.count_tokens([text[a:b] for a, b in spans]))
 
 
 def _units(text: str, blocks: Iterable[Block], counter: TokenCounter, budget: int) -> Iterator[tuple[Block, int]]:
