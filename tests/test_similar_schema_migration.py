@@ -26,11 +26,8 @@ def as_old_schema(path, edges: pl.DataFrame, files: ci.CorpusFiles, generation: 
     ci.write_json(files.similar_synced, {"generation": generation})
 
 
-def kind_type(graph: GraphStore) -> str:
-    return graph.conn.execute("CALL table_info('SIMILAR') WHERE name = 'kind' RETURN type").get_next()[0]
-
-
-def test_an_old_schema_graph_is_migrated_on_first_open_and_the_next_update_writes_the_edges_whole(tmp_path):
+def old_schema_graph(tmp_path):
+    """60 of 80 clustered chunks' KNN edges in an old-schema graph with its sync record."""
     chunks, vectors, words = clustered_corpus(80, seed=5, doc_size=10, vocabulary=40)
     files, path = ci.CorpusFiles(tmp_path / "corpus"), tmp_path / "g.kuzu"
     with GraphStore.writer(path) as graph:
@@ -38,6 +35,15 @@ def test_an_old_schema_graph_is_migrated_on_first_open_and_the_next_update_write
         first = ci.update_knn(files, chunks.head(60), vectors[:60], words, k=4)
         ci.write_similarity_edges(files, graph, first)
     as_old_schema(path, first.edges, files, first.generation)
+    return chunks, vectors, words, files, path, first
+
+
+def kind_type(graph: GraphStore) -> str:
+    return graph.conn.execute("CALL table_info('SIMILAR') WHERE name = 'kind' RETURN type").get_next()[0]
+
+
+def test_an_old_schema_graph_is_migrated_on_first_open_and_the_next_update_writes_the_edges_whole(tmp_path):
+    chunks, vectors, words, files, path, first = old_schema_graph(tmp_path)
 
     reader = GraphStore(path)  # `lexgraph status` before any writer: counts and names still read
     try:
@@ -77,13 +83,7 @@ def test_settle_index_migrates_a_cached_graph_so_the_next_update_writes_a_diff(t
 
     from benchmarks import settle_index
 
-    chunks, vectors, words = clustered_corpus(80, seed=5, doc_size=10, vocabulary=40)
-    files, path = ci.CorpusFiles(tmp_path / "corpus"), tmp_path / "g.kuzu"
-    with GraphStore.writer(path) as graph:
-        load_chunk_nodes(graph, chunks)
-        first = ci.update_knn(files, chunks.head(60), vectors[:60], words, k=4)
-        ci.write_similarity_edges(files, graph, first)
-    as_old_schema(path, first.edges, files, first.generation)
+    chunks, vectors, words, files, path, first = old_schema_graph(tmp_path)
     settings = SimpleNamespace(graph_path=str(path))
     assert settle_index.similar_schema(settings, files).startswith("SIMILAR recreated in schema 2")
     assert ci.synced_similar_generation(files) == first.generation
