@@ -390,7 +390,7 @@ def _generation(path: Path) -> str | None:
 
 
 def _problem(name: str, error: BaseException) -> str:
-    return f"{name} unreadable ({(str(error).splitlines() or [type(error).__name__])[0][:120]})"
+    return f"{name} {_unreadable(error)}"
 
 
 def load_knn(files: CorpusFiles) -> tuple[SavedKnn | None, str]:
@@ -978,6 +978,12 @@ def _unreadable(error: BaseException) -> str:
     return f"unreadable ({(str(error).splitlines() or [type(error).__name__])[0][:120]})"
 
 
+def _untrusted(dimension: int, reason: str | None) -> SavedKeywords:
+    """Nothing to build on: the caller rebuilds, and says why (None: nothing had been saved)."""
+    empty = kw.empty_keyword_index(dimension)
+    return SavedKeywords(empty, empty, None, {}, reason=reason)
+
+
 def _load_keyword_state(files: CorpusFiles, dimension: int) -> SavedKeywords:
     """The saved base and delta with the list of contributions they include; the list is None (with a reason,
     unless nothing was saved) when they cannot be trusted: the caller then rebuilds."""
@@ -995,17 +1001,17 @@ def _load_keyword_state(files: CorpusFiles, dimension: int) -> SavedKeywords:
         base = _keyword_frame(table, dimension, "keyword index")
     except FileNotFoundError:
         reason = "the keyword index is missing but its delta is there" if delta_path.exists() else None
-        return SavedKeywords(empty, empty, None, {}, reason=reason)
+        return _untrusted(dimension, reason)
     except (Exception, pl.exceptions.PanicException) as error:  # a damaged file is rebuilt, not trusted
-        return SavedKeywords(empty, empty, None, {}, reason=f"the keyword index is unusable: {_unreadable(error)}")
+        return _untrusted(dimension, f"the keyword index is unusable: {_unreadable(error)}")
     if included is None:
-        return SavedKeywords(empty, empty, None, {}, reason="the keyword index lists no contributions")
+        return _untrusted(dimension, "the keyword index lists no contributions")
     try:
         delta_table = _read_arrow(delta_path)
     except FileNotFoundError:
         return SavedKeywords(base, empty, included, link_counts, base_id)
     except (Exception, pl.exceptions.PanicException) as error:
-        return SavedKeywords(empty, empty, None, {}, reason=f"the keyword index delta is unusable: {_unreadable(error)}")
+        return _untrusted(dimension, f"the keyword index delta is unusable: {_unreadable(error)}")
     listed = delta_table.schema.metadata or {}
     if base_id is None or listed.get(KEYWORD_DELTA_OF, b"").decode() != base_id:
         return SavedKeywords(base, empty, included, link_counts, base_id)  # left by a fold: its base holds it
@@ -1016,7 +1022,7 @@ def _load_keyword_state(files: CorpusFiles, dimension: int) -> SavedKeywords:
         if not delta["keyword"].is_unique().all():
             raise ValueError("it lists a keyword twice")
     except (Exception, pl.exceptions.PanicException) as error:
-        return SavedKeywords(empty, empty, None, {}, reason=f"the keyword index delta is unusable: {_unreadable(error)}")
+        return _untrusted(dimension, f"the keyword index delta is unusable: {_unreadable(error)}")
     return SavedKeywords(base, delta.sort("keyword"), included, link_counts, base_id)
 
 
@@ -1044,9 +1050,7 @@ def _write_keyword_index(files: CorpusFiles, index: pl.DataFrame, included: dict
     """Write the whole index as a new base (a new id), then delete the delta: until then the delta names the
     base before, so it is ignored."""
     _arrow_write(files.keyword_index, index,
-                 {KEYWORD_CONTRIBUTIONS: json.dumps(included, sort_keys=True).encode(),
-                  KEYWORD_LINKS: json.dumps(link_counts, sort_keys=True).encode(),
-                  KEYWORD_BASE: uuid.uuid4().hex.encode()})
+                 {**_keyword_listing(included, link_counts), KEYWORD_BASE: uuid.uuid4().hex.encode()})
     _keyword_delta_path(files).unlink(missing_ok=True)
     files.keyword_index_parquet.unlink(missing_ok=True)  # the format before: the Arrow file replaces it
 
@@ -1055,9 +1059,13 @@ def _write_keyword_delta(files: CorpusFiles, delta: pl.DataFrame, base_id: str, 
                          link_counts: dict[str, int]) -> None:
     """Replace the delta: the rows that differ from the base `base_id` and the list of the whole index."""
     _arrow_write(_keyword_delta_path(files), delta,
-                 {KEYWORD_CONTRIBUTIONS: json.dumps(included, sort_keys=True).encode(),
-                  KEYWORD_LINKS: json.dumps(link_counts, sort_keys=True).encode(),
-                  KEYWORD_DELTA_OF: base_id.encode()})
+                 {**_keyword_listing(included, link_counts), KEYWORD_DELTA_OF: base_id.encode()})
+
+
+def _keyword_listing(included: dict[str, str], link_counts: dict[str, int]) -> dict[bytes, bytes]:
+    """The metadata that makes a file the index's list: the contributions it includes, each document's links."""
+    return {KEYWORD_CONTRIBUTIONS: json.dumps(included, sort_keys=True).encode(),
+            KEYWORD_LINKS: json.dumps(link_counts, sort_keys=True).encode()}
 
 
 def keyword_chunk_links(store: ExtractStore, doc_ids: list[str]) -> pl.DataFrame:
