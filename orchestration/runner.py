@@ -25,6 +25,7 @@ from lexgraph.build.corpus_index import LEXICAL_GRAPH, CorpusFiles, solo_steps
 from lexgraph.inbox import FileState, plan_reconcile, scan_folder
 from lexgraph.settings import Settings
 from lexgraph.storage.extract_store import ExtractStore, verify_extracts
+from lexgraph.storage.graph_store import GraphStore
 from lexgraph.storage.vector_store import VectorStore
 from orchestration.partitions import documents
 from orchestration.reconcile import RANGE_END, RANGE_START, reconcile
@@ -104,7 +105,7 @@ def ingest_folder(folder: str | Path, instance: dg.DagsterInstance, home: str | 
         instance.delete_dynamic_partition(documents.name, key)
     runs = requests.run_requests
     with _reporter(progress, len(runs) + int(corpus)) as reporter, stage_progress.reporting(reporter), \
-            _joined(preload):
+            _joined(preload), GraphStore.session(settings.graph_path):
         for request in runs:
             reporter.next_run()
             reporter.start("purging" if request.job_name == "purge_documents" else "reading",
@@ -226,7 +227,8 @@ def reextract_index(instance: dg.DagsterInstance, settings: Settings,
     vectors = defs.resources["lancedb"].get()
     catalog = vectors.indexed_hashes()
     report.documents = changed_extractions(settings, catalog)
-    with _reporter(progress, 0) as reporter, stage_progress.reporting(reporter):
+    with _reporter(progress, 0) as reporter, stage_progress.reporting(reporter), \
+            GraphStore.session(settings.graph_path):
         if report.documents:
             report.runs, report.failed, _ = run_extractions(defs, instance, sorted(report.documents),
                                                             {REASON_TAG: "extractors changed"}, reporter)

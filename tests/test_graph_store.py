@@ -85,3 +85,38 @@ def test_similarity_and_keyword_diffs_and_what_a_reload_takes_with_it(tmp_path):
         with pytest.raises(RuntimeError):  # an edge to a chunk that is not in the graph is refused, not dropped
             graph.add_similarity_edges(pl.DataFrame({"src": ["d1-a"], "dst": ["gone"], "kind": ["semantic"],
                                                      "weight": [0.1]}))
+
+
+def _lock_is_free(path) -> bool:
+    script = (f"from lexgraph.storage.graph_store import writer_lock\n"
+              f"with writer_lock({str(path)!r}, timeout=0.3):\n    print('got it')\n")
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120).returncode == 0
+
+
+def test_a_session_shares_one_writer_holds_the_lock_to_its_end_and_leaves_the_writes_on_disk(tmp_path):
+    path = tmp_path / "g.kuzu"
+    with GraphStore.session(path):
+        assert _lock_is_free(path)  # nothing written yet: no lock taken
+        with GraphStore.writer(path) as first:
+            _two_documents(first)
+        assert not _lock_is_free(path)  # held between the writer blocks
+        with GraphStore.session(path), GraphStore.writer(path) as second:  # a nested session changes nothing
+            assert second is first and second.count("Chunk") == 3
+            second.delete_documents(["d2"])
+    assert first.conn is None and _lock_is_free(path)
+    reader = GraphStore(path)
+    assert reader.count("Chunk") == 2 and reader.count("Source") == 1
+    reader.close()
+
+
+def test_a_failed_write_in_a_session_closes_its_writer_and_the_next_block_opens_a_new_one(tmp_path):
+    path = tmp_path / "g.kuzu"
+    with GraphStore.session(path):
+        with pytest.raises(RuntimeError):
+            with GraphStore.writer(path) as first:
+                _two_documents(first)
+                first.query("MATCH (c:NoSuchTable) RETURN c")
+        assert first.conn is None and _lock_is_free(path)  # closed and released, as a writer of its own is
+        with GraphStore.writer(path) as second:
+            assert second is not first and second.count("Chunk") == 3  # what was written before the failure stays
+    assert _lock_is_free(path)

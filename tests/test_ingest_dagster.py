@@ -226,3 +226,23 @@ def test_quiet_ingest_prints_nothing_on_stderr(tiny_corpus, home, embedder, capf
     out, err = capfd.readouterr()
     assert "4 new" in out
     assert err == ""
+
+
+def test_an_ingest_opens_the_graph_for_writing_once_for_all_its_runs(tiny_corpus, home, instance, monkeypatch):
+    from lexgraph.storage import graph_store
+
+    opened = []
+    real_init = graph_store.GraphStore.__init__
+
+    def counting_init(self, path, writable=False):  # a spy on the real open: Kùzu still runs
+        opened.append(writable)
+        real_init(self, path, writable)
+
+    monkeypatch.setattr(graph_store.GraphStore, "__init__", counting_init)
+    report = ingest_folder(tiny_corpus, instance, home=str(home), progress=False)
+    # the document run and the corpus run's four graph-writing steps share one writer
+    assert report.corpus_index_ok and len(report.runs) == 1 and opened == [True]
+    monkeypatch.undo()
+    chunks = stores(home)[0].count("chunks")
+    assert graph_counts(home, ("Chunk", "SIMILAR"))["Chunk"] == chunks  # what it wrote is on disk after it ends
+    assert graph_counts(home, ("SIMILAR",))["SIMILAR"] > 0

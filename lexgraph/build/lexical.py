@@ -35,7 +35,7 @@ from lexgraph.build.pipeline import (CHUNKS, ENTITIES, EXTRACTIONS, FACTS, RELAT
 from lexgraph.extract.extraction_cache import ExtractionCache, key_for
 from lexgraph.extract.llm import CIRCUIT_OPEN
 from lexgraph.extract.schemas import ChunkExtraction, ChunkInput, ExtractionOutcome, Extractor
-from lexgraph.faults import EXTRACTION as EXTRACTION_CRASH_POINT, crash_point
+from lexgraph.faults import EXTRACTION as EXTRACTION_CRASH_POINT, LEXICAL_GRAPH as LEXICAL_CRASH_POINT, crash_point
 from lexgraph.ids import content_hash, short_hash
 from lexgraph.ledger import CostLedger
 from lexgraph.storage.extract_store import ExtractStore
@@ -728,6 +728,7 @@ def build_lexical_graph(doc_ids: Sequence[str], store: ExtractStore, graph, vect
     write_merges(result.merges_frame, merges_path)
     if ledger is not None and result.ledger_rows:
         ledger.record(result.ledger_rows)
+    crash_point(LEXICAL_CRASH_POINT)
     report.advance("lexical graph", 1)
     return result
 
