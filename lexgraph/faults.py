@@ -16,8 +16,8 @@ CRASH_ENV = "LEXGRAPH_CRASH_AT"
 EMBEDDING = "embedding"  # in embed_documents, after the first group of vectors is written
 CATALOG = "catalog"  # at the end of load_graph, right after the catalog write
 KEYWORD_INDEX = "keyword_index"  # in the corpus keyword-index update, contributions written, index not yet
-# at the end of the lexical graph build, its writes committed but not yet checkpointed (an ingest's steps share
-# one graph writer, closed when the ingest ends), the step's record not yet written
+# at the end of the lexical graph build, its writes committed but not yet checkpointed (the corpus run's steps
+# share one graph writer, closed when the run ends), the step's record not yet written
 LEXICAL_GRAPH = "lexical_graph"
 POINTS = (EMBEDDING, CATALOG, KEYWORD_INDEX, LEXICAL_GRAPH)
 # Reached only with an LLM configured, so not in POINTS: in extract_documents, right after a paid LLM call

@@ -105,7 +105,7 @@ def ingest_folder(folder: str | Path, instance: dg.DagsterInstance, home: str | 
         instance.delete_dynamic_partition(documents.name, key)
     runs = requests.run_requests
     with _reporter(progress, len(runs) + int(corpus)) as reporter, stage_progress.reporting(reporter), \
-            _joined(preload), GraphStore.session(settings.graph_path):
+            _joined(preload):
         for request in runs:
             reporter.next_run()
             reporter.start("purging" if request.job_name == "purge_documents" else "reading",
@@ -207,10 +207,14 @@ def run_extractions(defs: dg.Definitions, instance: dg.DagsterInstance, doc_ids,
 
 def run_corpus_steps(defs: dg.Definitions, instance: dg.DagsterInstance,
                      steps: list[str] | None) -> dg.ExecuteInProcessResult:
-    """The corpus job: only these of its steps (the others are current), or all of it (None)."""
-    return defs.resolve_job_def("build_corpus_index").execute_in_process(
-        instance=instance, tags=process_tags(), run_config=_quiet(), raise_on_error=False,
-        asset_selection=[dg.AssetKey(step) for step in steps] if steps else None)
+    """The corpus job: only these of its steps (the others are current), or all of it (None). Its steps that
+    write the graph share one writer, closed when the run ends: an open and a close of a 100k-chunk graph cost
+    about 0.1 s each (a session per run, not per command: a long ingest must not keep other writers waiting)."""
+    graph_path = defs.resources["kuzu"].graph_path()
+    with GraphStore.session(graph_path):
+        return defs.resolve_job_def("build_corpus_index").execute_in_process(
+            instance=instance, tags=process_tags(), run_config=_quiet(), raise_on_error=False,
+            asset_selection=[dg.AssetKey(step) for step in steps] if steps else None)
 
 
 def reextract_index(instance: dg.DagsterInstance, settings: Settings,
@@ -227,8 +231,7 @@ def reextract_index(instance: dg.DagsterInstance, settings: Settings,
     vectors = defs.resources["lancedb"].get()
     catalog = vectors.indexed_hashes()
     report.documents = changed_extractions(settings, catalog)
-    with _reporter(progress, 0) as reporter, stage_progress.reporting(reporter), \
-            GraphStore.session(settings.graph_path):
+    with _reporter(progress, 0) as reporter, stage_progress.reporting(reporter):
         if report.documents:
             report.runs, report.failed, _ = run_extractions(defs, instance, sorted(report.documents),
                                                             {REASON_TAG: "extractors changed"}, reporter)

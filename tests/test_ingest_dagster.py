@@ -240,8 +240,8 @@ def test_an_ingest_opens_the_graph_for_writing_once_for_all_its_runs(tiny_corpus
 
     monkeypatch.setattr(graph_store.GraphStore, "__init__", counting_init)
     report = ingest_folder(tiny_corpus, instance, home=str(home), progress=False)
-    # the document run and the corpus run's four graph-writing steps share one writer
-    assert report.corpus_index_ok and len(report.runs) == 1 and opened == [True]
+    # one writer for the document run's graph step, one shared by the corpus run's four graph-writing steps
+    assert report.corpus_index_ok and len(report.runs) == 1 and opened == [True, True]
     monkeypatch.undo()
     chunks = stores(home)[0].count("chunks")
     assert graph_counts(home, ("Chunk", "SIMILAR"))["Chunk"] == chunks  # what it wrote is on disk after it ends

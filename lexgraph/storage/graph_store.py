@@ -179,9 +179,8 @@ class GraphStore:
     @contextmanager
     def session(path: str | Path) -> Iterator[None]:
         """Within this block, every GraphStore.writer(path) of this process shares one writer, opened at the
-        first and closed (one checkpoint) at the end: the steps of an ingest's runs each wrote the graph, and
-        each open and close of a 100k-chunk graph cost about 0.1 s. The writer lock is held from the first
-        write to the end of the block, so other processes' writers wait for the whole ingest, not a step."""
+        first and closed (one checkpoint) at the end, instead of an open and a close per block. The writer
+        lock is held from the first block to the end of this one: other processes' writers wait that long."""
         key = _session_key(path)
         if key in _sessions:  # nested: the outer session holds the writer
             yield
