@@ -85,3 +85,19 @@ def test_a_table_that_cannot_be_compacted_is_reported_and_the_others_still_are(t
     reports = {r["table"]: r for r in lance_maintenance.compact_tables(store)}
     assert reports["damaged"]["decision"].startswith("failed: ") and "Not found" in reports["damaged"]["decision"]
     assert reports["rows"]["decision"] == "compacted" and _rows(store).equals(before)
+
+
+def test_many_versions_too_young_to_prune_leave_a_table_alone_until_they_are_old_enough(tmp_path, monkeypatch):
+    store = VectorStore(tmp_path / "lance")
+    table = store.db.create_table("rows", schema=SCHEMA)
+    table.add(pa.table({"id": ["a"], "doc_id": ["d"], "value": [0]}, schema=SCHEMA))
+    for value in range(1, 12):  # one fragment, many versions: each update writes a version
+        table.update(where="id = 'a'", values={"value": value})
+    monkeypatch.setattr(lance_maintenance, "VERSIONS", 10)
+    [young] = lance_maintenance.compact_tables(store)
+    # rewriting it would prune nothing (every version is younger than KEEP_VERSIONS): not done on every run
+    assert young["decision"] == "current" and young["versions_before"] >= 12 and young["fragments_before"] == 1
+    monkeypatch.setattr(lance_maintenance, "KEEP_VERSIONS", timedelta(0))
+    [old] = lance_maintenance.compact_tables(store)
+    assert old["decision"] == "compacted" and old["versions_after"] < old["versions_before"]
+    assert _rows(store)["value"].to_list() == [11]

@@ -3,7 +3,8 @@
 Every document written adds a fragment and a version to a table (the statements table of LiHua-World's 442
 documents held 442 fragments and 883 versions). Scans slow down with the fragment count (that table's full
 scan: 0.49 s before compaction, 0.085 s after) and every old version keeps its files on disk. Compacting
-rewrites the small fragments into a few and prunes versions older than KEEP_VERSIONS.
+rewrites the small fragments into a few and prunes versions older than KEEP_VERSIONS; a table is compacted
+when it has SMALL_FRAGMENTS small fragments or VERSIONS versions old enough to prune.
 
 Tables with an index of LanceDB's own (the chunk and keyword tables past LEXGRAPH_LANCE_THRESHOLD, the
 keyword links) are left to lexgraph.storage.lance_indexes.refresh, which folds new rows into their indexes;
@@ -14,13 +15,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from lexgraph.storage.vector_store import VectorStore
 
 SMALL_FRAGMENTS = 32  # compact a table once it has this many small fragments ...
-VERSIONS = 200  # ... or keeps this many versions
+VERSIONS = 200  # ... or keeps this many versions older than KEEP_VERSIONS (younger ones cannot be pruned yet)
 KEEP_VERSIONS = timedelta(hours=1)
 
 
@@ -49,6 +50,16 @@ def _shape(store: VectorStore, name: str) -> tuple[int, int, int, int]:
             _disk_bytes(Path(store.table_uri(name))))
 
 
+def _prunable_versions(table) -> int:
+    """Versions older than KEEP_VERSIONS: what a compaction would prune. Counting all versions instead made
+    every corpus run in the hour after a big build rewrite a table whose versions were all too young to go
+    (the statements table of a 100k-chunk build: 2,001 versions, 6 s per add, nothing pruned)."""
+    def age(stamp: datetime) -> timedelta:  # LanceDB gives naive local times
+        return (datetime.now(timezone.utc) if stamp.tzinfo else datetime.now()) - stamp
+
+    return sum(age(version["timestamp"]) > KEEP_VERSIONS for version in table.list_versions())
+
+
 def compact_table(store: VectorStore, name: str) -> TableCompaction:
     fragments, small, versions, size = _shape(store, name)
     result = TableCompaction(name, "current", fragments, fragments, versions, versions, size, size)
@@ -56,7 +67,7 @@ def compact_table(store: VectorStore, name: str) -> TableCompaction:
     if table.list_indices():
         result.decision = "indexed: left to search_indexes"
         return result
-    if small < SMALL_FRAGMENTS and versions < VERSIONS:
+    if small < SMALL_FRAGMENTS and (versions < VERSIONS or _prunable_versions(table) < VERSIONS):
         return result
     started = time.perf_counter()
     try:
