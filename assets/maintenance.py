@@ -16,9 +16,9 @@ from resources import LanceDBResource
     kinds={"python", "lancedb"}, **spec_kwargs("lance_compaction", CORPUS),
     deps=[keyword_index, search_indexes, lexical_graph], pool=GRAPH_WRITER_POOL,
     description="Compacts the LanceDB tables that per-document writes fragment (each document adds a fragment "
-    f"and a version): a table with {lance_maintenance.SMALL_FRAGMENTS} small fragments or "
-    f"{lance_maintenance.VERSIONS} versions older than {lance_maintenance.KEEP_VERSIONS} is rewritten into a few fragments and its versions older than "
-    f"{lance_maintenance.KEEP_VERSIONS} are pruned. Tables with a LanceDB index are left to search_indexes. "
+    f"and a version): a table with {lance_maintenance.SMALL_FRAGMENTS} small fragments, or with "
+    f"{lance_maintenance.VERSIONS} versions older than {lance_maintenance.KEEP_VERSIONS}, is rewritten into a few "
+    f"fragments and those old versions are pruned. Tables with a LanceDB index are left to search_indexes. "
     "A failure (a concurrent writer) is shown and retried by the next corpus run; nothing is lost.",
 )
 def lance_compaction(context: dg.AssetExecutionContext, lancedb: LanceDBResource) -> dg.MaterializeResult:
