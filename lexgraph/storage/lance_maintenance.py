@@ -42,32 +42,32 @@ def _disk_bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
 
-def _shape(store: VectorStore, name: str) -> tuple[int, int, int, int]:
+def _shape(store: VectorStore, name: str) -> tuple[int, int, list[dict], int]:
     """(fragments, small fragments, versions, bytes on disk with old versions' files) of a table."""
     table = store.db.open_table(name)
     fragments = table.stats()["fragment_stats"]
-    return (int(fragments["num_fragments"]), int(fragments["num_small_fragments"]), len(table.list_versions()),
+    return (int(fragments["num_fragments"]), int(fragments["num_small_fragments"]), table.list_versions(),
             _disk_bytes(Path(store.table_uri(name))))
 
 
-def _prunable_versions(table) -> int:
+def _prunable(versions: list[dict]) -> int:
     """Versions older than KEEP_VERSIONS: what a compaction would prune. Counting all versions instead made
     every corpus run in the hour after a big build rewrite a table whose versions were all too young to go
     (the statements table of a 100k-chunk build: 2,001 versions, 6 s per add, nothing pruned)."""
     def age(stamp: datetime) -> timedelta:  # LanceDB gives naive local times
         return (datetime.now(timezone.utc) if stamp.tzinfo else datetime.now()) - stamp
 
-    return sum(age(version["timestamp"]) > KEEP_VERSIONS for version in table.list_versions())
+    return sum(age(version["timestamp"]) > KEEP_VERSIONS for version in versions)
 
 
 def compact_table(store: VectorStore, name: str) -> TableCompaction:
     fragments, small, versions, size = _shape(store, name)
-    result = TableCompaction(name, "current", fragments, fragments, versions, versions, size, size)
+    result = TableCompaction(name, "current", fragments, fragments, len(versions), len(versions), size, size)
     table = store.db.open_table(name)
     if table.list_indices():
         result.decision = "indexed: left to search_indexes"
         return result
-    if small < SMALL_FRAGMENTS and (versions < VERSIONS or _prunable_versions(table) < VERSIONS):
+    if small < SMALL_FRAGMENTS and _prunable(versions) < VERSIONS:
         return result
     started = time.perf_counter()
     try:
@@ -76,7 +76,8 @@ def compact_table(store: VectorStore, name: str) -> TableCompaction:
         result.decision = f"failed: {type(error).__name__}: {error}"
         return result
     result.seconds = round(time.perf_counter() - started, 3)
-    result.fragments_after, _, result.versions_after, result.bytes_after = _shape(store, name)
+    result.fragments_after, _, after, result.bytes_after = _shape(store, name)
+    result.versions_after = len(after)
     result.decision = "compacted"
     return result
 
