@@ -9,6 +9,7 @@ import pytest
 from benchmarks.synthetic_index import CorpusSpec, SyntheticIndex, document_name, markers, word
 from lexgraph.ids import document_id
 from lexgraph.settings import Settings
+from lexgraph.storage.extract_store import VERIFIED_FILE
 from lexgraph.storage.graph_store import GraphStore
 from lexgraph.storage.vector_store import VectorStore
 from tests.conftest import ROOT
@@ -30,6 +31,7 @@ def test_fresh_add_is_timed_and_the_document_is_stored(tmp_path):
     assert re.search(r"^fresh-process add at 300 chunks: \d+\.\d s$", done.stdout, re.MULTILINE), done.stdout
     assert re.search(r"^fresh-process add at 300 chunks: peak RSS \d+ MiB$", done.stdout, re.MULTILINE)
     assert "started no run and no corpus update" in done.stdout
+    assert re.search(r"built in \d+ s \(peak RSS \d+ MiB\), settled in \d+ s", done.stdout), done.stdout
     # the last repeat's copy: the new document's chunks are in both stores, next to the 300 synthetic ones
     work = SyntheticIndex.under(SPEC, tmp_path).root.parent / f"{SPEC.key()}.work"
     settings = Settings.from_env(home=work / "home")
@@ -49,6 +51,8 @@ def test_fresh_add_is_timed_and_the_document_is_stored(tmp_path):
     # the pristine cached index was not touched by the add
     pristine = Settings.from_env(home=SyntheticIndex.under(SPEC, tmp_path).home)
     assert VectorStore(pristine.lance_uri).count("chunks") == SPEC.chunks
+    # settled once after the build: the extract files' verified record is there for every copy to start from
+    assert (pristine.extract_dir / VERIFIED_FILE).is_file()
 
 
 @pytest.mark.parametrize("args, message", [
