@@ -228,7 +228,8 @@ def test_quiet_ingest_prints_nothing_on_stderr(tiny_corpus, home, embedder, capf
     assert err == ""
 
 
-def test_an_ingest_opens_the_graph_for_writing_once_for_all_its_runs(tiny_corpus, home, instance, monkeypatch):
+def test_the_corpus_run_opens_the_graph_for_writing_once_for_all_its_graph_steps(tiny_corpus, home, instance,
+                                                                                 monkeypatch):
     from lexgraph.storage import graph_store
 
     opened = []
@@ -244,5 +245,5 @@ def test_an_ingest_opens_the_graph_for_writing_once_for_all_its_runs(tiny_corpus
     assert report.corpus_index_ok and len(report.runs) == 1 and opened == [True, True]
     monkeypatch.undo()
     chunks = stores(home)[0].count("chunks")
-    assert graph_counts(home, ("Chunk", "SIMILAR"))["Chunk"] == chunks  # what it wrote is on disk after it ends
-    assert graph_counts(home, ("SIMILAR",))["SIMILAR"] > 0
+    counts = graph_counts(home, ("Chunk", "SIMILAR"))  # what the shared writer wrote is on disk after the run
+    assert counts["Chunk"] == chunks and counts["SIMILAR"] > 0
