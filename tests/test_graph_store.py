@@ -9,14 +9,18 @@ import pytest
 from lexgraph.storage.graph_store import GraphBusyError, GraphStore, writer_lock
 
 
+def _lock_in_another_process(path, timeout: float) -> subprocess.CompletedProcess:
+    script = (f"from lexgraph.storage.graph_store import writer_lock\n"
+              f"with writer_lock({str(path)!r}, timeout={timeout}):\n    print('got it')\n")
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+
+
 def test_second_writer_process_waits_then_gives_up(tmp_path):
     path = tmp_path / "graph.kuzu"
-    script = (f"from lexgraph.storage.graph_store import writer_lock\n"
-              f"with writer_lock({str(path)!r}, timeout=0.5):\n    print('got it')\n")
     with writer_lock(path):
-        held = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+        held = _lock_in_another_process(path, 0.5)
     assert held.returncode != 0 and "locked by another writer" in held.stderr
-    free = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    free = _lock_in_another_process(path, 0.5)
     assert free.returncode == 0 and "got it" in free.stdout
 
 
@@ -88,9 +92,7 @@ def test_similarity_and_keyword_diffs_and_what_a_reload_takes_with_it(tmp_path):
 
 
 def _lock_is_free(path) -> bool:
-    script = (f"from lexgraph.storage.graph_store import writer_lock\n"
-              f"with writer_lock({str(path)!r}, timeout=0.3):\n    print('got it')\n")
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120).returncode == 0
+    return _lock_in_another_process(path, 0.3).returncode == 0
 
 
 def test_a_session_shares_one_writer_holds_the_lock_to_its_end_and_leaves_the_writes_on_disk(tmp_path):

@@ -99,7 +99,8 @@ def _session_key(path: str | Path) -> str:
 
 
 class _WriterSession:
-    """One graph's writer, shared by the writer blocks of a GraphStore.session."""
+    """One graph's writer under the writer lock, opened by the first block that asks and shared by the blocks
+    of a GraphStore.session (or of one GraphStore.writer block)."""
 
     def __init__(self, path: str | Path):
         self.path = path
@@ -159,21 +160,20 @@ class GraphStore:
         if kind == "STRING":
             self._recreate("SIMILAR")
 
-    @classmethod
+    @staticmethod
     @contextmanager
-    def writer(cls, path: str | Path) -> Iterator["GraphStore"]:
+    def writer(path: str | Path) -> Iterator["GraphStore"]:
         """The graph opened for writing, under the writer lock; closed (and checkpointed) at the end of the
         block, unless a session (GraphStore.session) holds it open for this process."""
         session = _sessions.get(_session_key(path))
         if session is not None:
             yield from session.writer()
             return
-        with writer_lock(path):
-            store = cls(path, writable=True)
-            try:
-                yield store
-            finally:
-                store.close()
+        own = _WriterSession(path)  # a session of one block
+        try:
+            yield from own.writer()
+        finally:
+            own.close()
 
     @staticmethod
     @contextmanager
