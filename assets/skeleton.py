@@ -129,13 +129,12 @@ def chunk_knn_graph(context: dg.AssetExecutionContext, index: IndexResource, lan
     with kuzu.writer() as graph:
         written = ci.write_similarity_edges(files, graph, result)
     isolated = result.isolated
-    counts = result.edges.group_by("kind").len()
     files.record_built("chunk_knn_graph", digest, index.settings())
     return dg.MaterializeResult(
         metadata={
             "catalog_documents": len(indexed), "catalog_digest": digest,
-            "chunks": chunks.height, "edges": result.edges.height, "k": settings.knn_k, "mode": mode,
-            "edges_by_kind": dg.MetadataValue.json(dict(zip(counts["kind"], counts["len"]))),
+            "chunks": chunks.height, "edges": result.edge_rows.height, "k": settings.knn_k, "mode": mode,
+            "edges_by_kind": dg.MetadataValue.json(result.edge_rows.counts_by_kind()),
             "rebuilt": result.rebuilt, "rebuild_reason": result.rebuild_reason, "ann_index": result.ann_index,
             "words_read_chunks": result.words_read,
             **written,
@@ -172,7 +171,10 @@ def _histogram(values: np.ndarray, bins: int = 12) -> str:
 def chunk_pagerank(context: dg.AssetExecutionContext, index: IndexResource) -> dg.MaterializeResult:
     files = index.corpus_files()
     digest = _built_from(files, "chunk_knn_graph")
-    edges = pl.read_parquet(files.edges, columns=["src", "dst", "weight"])
+    edges = ci.read_edges(files)
+    if edges is None:
+        raise dg.Failure("the KNN graph's saved edges are missing or of another save than its chunks; "
+                         "run chunk_knn_graph again")
     chunks = pl.read_parquet(files.knn_corpus, columns=["chunk_id", "doc_id"])
     ranks = ci.compute_pagerank(files, chunks, edges)
     stored = pl.read_parquet(files.pagerank)

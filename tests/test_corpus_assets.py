@@ -5,7 +5,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from lexgraph.build.corpus_index import CORPUS_STEPS, RELOADED, CorpusFiles, catalog_digest
+from lexgraph.build.corpus_index import CORPUS_STEPS, RELOADED, CorpusFiles, catalog_digest, read_edges
 from lexgraph.settings import Settings
 from orchestration.definitions import build_definitions
 from orchestration.runner import ingest_folder
@@ -100,7 +100,7 @@ def test_removing_a_document_leaves_no_dangling_edges_or_keywords(tiny_corpus, h
     ingest_folder(tiny_corpus, instance, home=str(home), prune=True, progress=False)
     keywords_after = set(pl.read_ipc(files.keyword_index)["keyword"].to_list())
     assert "kiel" not in keywords_after and "alpha shipping" in keywords_after
-    edges = pl.read_parquet(files.edges)
+    edges = read_edges(files).frame()
     chunk_ids = set(stores(home)[0].chunk_vectors()[0]["chunk_id"].to_list())
     assert set(edges["src"]) | set(edges["dst"]) <= chunk_ids
     assert _dangling(home) == (0, 0)

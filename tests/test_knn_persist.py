@@ -220,13 +220,13 @@ def test_a_format_2_state_is_read_once_and_saved_as_format_3(tmp_path, mode):
 
 def test_resave_rewrites_a_format_2_state_unchanged_and_keeps_the_graph_in_sync(tmp_path):
     files, chunks, vectors, words = _save(tmp_path, "approx")
-    before = sorted_edges(pl.read_parquet(files.edges))
+    before = sorted_edges(ci.read_edges(files).frame())
     saved, _ = ci.load_knn(files)
     ci.record_similar_synced(files, saved.generation)  # the graph holds this save's edges
     _as_format_2(files, words)
     message = ci.resave_knn(files)
     assert message.startswith("rewritten in format 3"), message
-    assert sorted_edges(pl.read_parquet(files.edges)).equals(before)
+    assert sorted_edges(ci.read_edges(files).frame()).equals(before)
     migrated, reason = ci.load_knn(files)
     assert reason == "" and migrated.settings["format"] == ci.KNN_FORMAT
     assert ci.synced_similar_generation(files) == migrated.generation

@@ -25,10 +25,10 @@ from lexgraph.ids import content_hash
 from lexgraph.storage.extract_store import ExtractStore
 from lexgraph.storage.graph_store import SIMILAR_SCHEMA
 from lexgraph.build.lexical_diff import rewrite_is_cheaper
-from lexgraph.build.knn import (DEFAULT_K, LEXICAL, SEMANTIC, AnnIndex, AnnIndexError, KnnUpdate, SavedLists,
-                                WordMatrix, append_in_order, edge_changes, edges_of, lexical_knn, lists_from_frame,
-                                position_map, semantic_knn, word_matrix)
-from lexgraph.build.pagerank import pagerank
+from lexgraph.build.knn import (DEFAULT_K, EDGE_KINDS, EDGE_SCHEMA, LEXICAL, SEMANTIC, AnnIndex, AnnIndexError,
+                                EdgeRows, KnnUpdate, SavedLists, WordMatrix, append_in_order, edge_changes,
+                                edge_rows_of, lexical_knn, lists_from_frame, position_map, semantic_knn, word_matrix)
+from lexgraph.build.pagerank import pagerank_of_positions, positions_of
 from lexgraph.build.pipeline import ENTITIES, FACTS, KEYWORD_STATS, KEYWORDS, RELATIONS, STATEMENTS, TOPICS
 from lexgraph.build.skeleton import DEFAULT_BETA, SelectionDiff, frame_selection_diff, skeleton_mask, skeleton_size
 
@@ -204,7 +204,7 @@ ANN_JOURNAL_SHARE = 100
 
 @dataclass
 class KnnResult:
-    edges: pl.DataFrame
+    edge_rows: EdgeRows | None  # the graphs' edges as positions into the sorted chunk ids
     chunks: pl.DataFrame  # chunk_id, doc_id of the current corpus
     semantic: KnnUpdate | None
     lexical: KnnUpdate | None
@@ -220,6 +220,12 @@ class KnnResult:
     isolated: int = 0  # chunks without an edge of either kind
     ann_base: AnnBase | None = None  # what the loaded HNSW index was made from, for a journal of this save
     pending_save: Callable[[], str] | None = None  # update_knn(save=False): the save, left to write_similarity_edges
+
+    @functools.cached_property
+    def edges(self) -> pl.DataFrame:
+        """The edges named by chunk id (src < dst, kind, weight): built on first use, which an add that writes
+        only a diff never makes."""
+        return self.edge_rows.frame() if self.edge_rows is not None else pl.DataFrame(schema=EDGE_SCHEMA)
 
 
 def chunk_words(store: ExtractStore, chunks: pl.DataFrame) -> pl.DataFrame:
@@ -276,7 +282,7 @@ def update_knn(files: CorpusFiles, chunks: pl.DataFrame, vectors: np.ndarray,
         ids = current["chunk_id"].to_list()
         semantic = semantic_knn(ids, vectors, k, mode=mode)
         lexical = lexical_knn(ids, current["words"].to_list(), k)
-        result = KnnResult(pl.DataFrame(), chunks, None, None, rebuilt=True, words_read=current.height,
+        result = KnnResult(None, chunks, None, None, rebuilt=True, words_read=current.height,
                            rebuild_reason=reason)
     else:
         result, semantic, lexical = updated
@@ -287,7 +293,7 @@ def update_knn(files: CorpusFiles, chunks: pl.DataFrame, vectors: np.ndarray,
         to_new = position_map(saved.lists[SEMANTIC].chunk_ids, semantic.chunk_ids)  # the same for both kinds
         changes = [edge_changes(saved.lists[g.kind], g, to_new) for g in (semantic, lexical)]
         result.edge_changes = tuple(pl.concat(part) for part in zip(*changes))  # type: ignore[assignment]
-    result.edges = pl.concat([semantic.edges(), lexical.edges()])
+    result.edge_rows = EdgeRows.concat([semantic.edge_rows(), lexical.edge_rows()])
     result.isolated = int(np.count_nonzero(~(semantic.linked() | lexical.linked())))
     frame = current.select("chunk_id", "doc_id", "vector_digest").sort("chunk_id")
     for graph in (semantic, lexical):
@@ -300,7 +306,7 @@ def update_knn(files: CorpusFiles, chunks: pl.DataFrame, vectors: np.ndarray,
             journal = AnnBase(result.ann_base.generation, result.ann_base.total, batches)
     result.pending_save = functools.partial(
         _write_knn, files, frame, {SEMANTIC: semantic.lists(), LEXICAL: lexical.lists()}, lexical.word_matrix(),
-        semantic.ann_index(), settings, result.edges, journal)
+        semantic.ann_index(), settings, result.edge_rows, journal)
     if save:
         result.generation, result.pending_save = result.pending_save(), None
     return result
@@ -334,7 +340,7 @@ def _update_saved(files: CorpusFiles, saved: "SavedKnn", current: pl.DataFrame, 
     if new.height:
         sem_updates.append(semantic.add(new["chunk_id"].to_list(), vectors[new["row"].to_numpy()]))
         lex_updates.append(lexical.add(new["chunk_id"].to_list(), new["words"].to_list()))
-    result = KnnResult(pl.DataFrame(), pl.DataFrame(), _merge(sem_updates), _merge(lex_updates),
+    result = KnnResult(None, pl.DataFrame(), _merge(sem_updates), _merge(lex_updates),
                        rebuilt=False, words_read=new.height, previous_generation=saved.generation, ann_base=base)
     if problem and semantic.ann_status.startswith("rebuilt"):
         result.ann_index = f"rebuilt: {problem}"
@@ -558,7 +564,7 @@ def _write_journal(files: CorpusFiles, generation: str, index, journal: AnnBase)
 
 
 def _write_knn(files: CorpusFiles, frame: pl.DataFrame, lists: dict[str, SavedLists], words: WordMatrix,
-               ann: AnnIndex | None, settings: dict, edges: pl.DataFrame, journal: AnnBase | None = None) -> str:
+               ann: AnnIndex | None, settings: dict, edges: EdgeRows, journal: AnnBase | None = None) -> str:
     """One save, several files: the HNSW index (approximate mode), the lists, the vocabulary, the corpus and
     the edges all carry the same generation, so a set torn by a crash is recognised. The index is written
     first under a name of its own (a whole file, or with `journal` the vectors appended since the whole
@@ -591,13 +597,13 @@ def _write_knn(files: CorpusFiles, frame: pl.DataFrame, lists: dict[str, SavedLi
     corpus = frame.with_columns(ann_ids, pl.lit(json.dumps(settings)).alias("settings")).to_arrow()
     corpus = corpus.add_column(3, "word_ids", word_ids)
     vocabulary = pa.table({"word": pa.array(words.vocabulary, type=pa.string())})
-    for path, table in ((files.knn_state, state), (files.knn_vocabulary, vocabulary), (files.knn_corpus, corpus)):
+    edge_table = pa.table({"src": pa.array(edges.src.astype(np.int32)), "dst": pa.array(edges.dst.astype(np.int32)),
+                           "kind": pa.array(edges.kind.astype(np.uint8)), "weight": pa.array(edges.weight)},
+                          metadata={EDGE_KINDS_KEY: ",".join(EDGE_KINDS).encode()})
+    for path, table in ((files.knn_state, state), (files.knn_vocabulary, vocabulary), (files.knn_corpus, corpus),
+                        (files.edges, edge_table)):
         _write_table(path, table.replace_schema_metadata({**(table.schema.metadata or {}),
                                                           KNN_GENERATION: generation.encode()}))
-    partial = files.edges.with_suffix(".tmp")  # polars: millions of string rows, no conversion to Arrow first
-    edges.write_parquet(partial, compression="lz4", statistics=False,
-                        metadata={KNN_GENERATION.decode(): generation})
-    partial.replace(files.edges)
     for old in [*files.root.glob("knn_hnsw.*.faiss"), *files.root.glob("knn_hnsw.*.tmp"),
                 *files.root.glob("knn_hnsw_journal.*")]:
         if old.name not in keep:  # older saves, and halves of writes killed midway
@@ -629,7 +635,7 @@ def resave_knn(files: CorpusFiles) -> str:
     if saved.settings.get("format") == KNN_FORMAT:
         return "nothing rewritten: already in the current format"
     ann, _, _ = _load_ann(files, saved, np.ones(saved.corpus.height, dtype=bool))  # written whole
-    edges = saved_edges(saved)
+    edges = saved_edge_rows(saved)
     synced = synced_similar_generation(files) == saved.generation
     generation = _write_knn(files, saved.corpus.select("chunk_id", "doc_id", "vector_digest"), saved.lists,
                             saved.words, ann, {**saved.settings, "format": KNN_FORMAT}, edges)
@@ -640,7 +646,43 @@ def resave_knn(files: CorpusFiles) -> str:
 
 def saved_edges(saved: SavedKnn) -> pl.DataFrame:
     """The SIMILAR edges of a save's lists, both kinds."""
-    return pl.concat([edges_of(saved.lists[kind], kind) for kind in (SEMANTIC, LEXICAL)])
+    return saved_edge_rows(saved).frame()
+
+
+def saved_edge_rows(saved: SavedKnn) -> EdgeRows:
+    return EdgeRows.concat([edge_rows_of(saved.lists[kind], kind) for kind in EDGE_KINDS])
+
+
+# knn_edges.parquet: src and dst are row numbers of knn_corpus.parquet of the same save; kind a position in
+# the list of kind names this key holds. Written by code before it: src and dst chunk ids, kind names.
+EDGE_KINDS_KEY = b"lexgraph.edge_kinds"
+
+
+def read_edges(files: CorpusFiles) -> EdgeRows | None:
+    """The saved edges, with the chunk ids their positions stand for; None when no save is whole: no edges
+    file, or one of another save than knn_corpus.parquet (torn by a crash), whose positions would name the
+    wrong chunks. An edges file of the format before positions is mapped to them."""
+    try:
+        edges, corpus = pq.read_table(files.edges), pq.read_table(files.knn_corpus, columns=["chunk_id"])
+    except FileNotFoundError:
+        return None
+    generation = (edges.schema.metadata or {}).get(KNN_GENERATION)
+    if generation is None or generation != (corpus.schema.metadata or {}).get(KNN_GENERATION):
+        return None
+    chunk_ids = corpus.column("chunk_id").to_numpy(zero_copy_only=False).astype(str)
+    if pa.types.is_string(edges.schema.field("src").type) or pa.types.is_large_string(edges.schema.field("src").type):
+        named = pl.from_arrow(edges)
+        ids = pl.Series("id", chunk_ids, dtype=pl.String)
+        kinds = named["kind"].replace_strict({name: code for code, name in enumerate(EDGE_KINDS)}, return_dtype=pl.UInt8)
+        return EdgeRows(chunk_ids, positions_of(ids, named["src"]), positions_of(ids, named["dst"]), kinds.to_numpy(),
+                        named["weight"].to_numpy())
+    names = (edges.schema.metadata or {}).get(EDGE_KINDS_KEY, b"").decode().split(",")
+    if tuple(names) != EDGE_KINDS:
+        raise ValueError(f"{files.edges.name} names edge kinds {names}, this version knows {list(EDGE_KINDS)}")
+    src, dst = (edges.column(name).to_numpy() for name in ("src", "dst"))
+    if len(src) and (min(int(src.min()), int(dst.min())) < 0 or max(int(src.max()), int(dst.max())) >= len(chunk_ids)):
+        raise ValueError(f"{files.edges.name} names rows beyond the {len(chunk_ids)} chunks of its save")
+    return EdgeRows(chunk_ids, src, dst, edges.column("kind").to_numpy(), edges.column("weight").to_numpy())
 
 
 EDGE_KEY = ["src", "dst", "kind"]
@@ -702,37 +744,41 @@ def write_similarity_edges(files: CorpusFiles, graph, result: KnnResult) -> dict
 
 
 def _similar_edges_to(graph, result: KnnResult, synced: str | None) -> dict:
-    target = result.edges
+    total = result.edge_rows.height if result.edge_rows is not None else 0
     figures = {"similar_edges_added": 0, "similar_edges_removed": 0, "similar_edges_updated": 0,
                "similar_edges_restored": 0, "similar_edges_rewritten": False}
     if result.edge_changes is not None and synced is not None and synced == result.previous_generation:
         removed, added, reweighted = result.edge_changes
         lost = graph.chunks_without_similar_edges()
-        restored = target.clear()
+        restored = added.clear()
         if lost:
             touches_lost = pl.col("src").is_in(lost) | pl.col("dst").is_in(lost)
             removed = removed.filter(~touches_lost)  # a lost chunk's edges are not there to delete or update
             reweighted = reweighted.filter(~touches_lost)
-            restored = target.filter(touches_lost).join(added, on=EDGE_KEY, how="anti").join(reweighted, on=EDGE_KEY,
-                                                                                             how="anti")
+            restored = result.edges.filter(touches_lost).join(added, on=EDGE_KEY, how="anti").join(
+                reweighted, on=EDGE_KEY, how="anti")
         # fewer than asked when edges of chunks deleted with their document are gone already
         deleted = graph.delete_similarity_edges(pl.concat([removed, reweighted]).select(EDGE_KEY))
         graph.add_similarity_edges(pl.concat([added, reweighted, restored]))
         figures.update(similar_edges_added=added.height + restored.height, similar_edges_removed=deleted - reweighted.height,
                        similar_edges_updated=reweighted.height, similar_edges_restored=restored.height)
-        if graph.count("SIMILAR") == target.height:
+        if graph.count("SIMILAR") == total:
             return figures
         figures["similar_edges_mismatch"] = True  # the graph held something else: write it whole
     before = graph.count("SIMILAR")
-    graph.replace_similarity_edges(target)
-    figures.update(similar_edges_added=target.height, similar_edges_removed=before, similar_edges_updated=0,
+    graph.replace_similarity_edges(result.edges)
+    figures.update(similar_edges_added=total, similar_edges_removed=before, similar_edges_updated=0,
                    similar_edges_restored=0, similar_edges_rewritten=True)
     return figures
 
 
-def compute_pagerank(files: CorpusFiles, chunks: pl.DataFrame, edges: pl.DataFrame) -> pl.DataFrame:
-    """PageRank over both kinds of similarity edge; chunk_id, doc_id, pagerank."""
-    scores = pagerank(chunks["chunk_id"], edges["src"], edges["dst"], edges["weight"])
+def compute_pagerank(files: CorpusFiles, chunks: pl.DataFrame, edges: EdgeRows) -> pl.DataFrame:
+    """PageRank over both kinds of similarity edge; chunk_id, doc_id, pagerank. chunks: the save's chunks, in
+    the order the edges' positions count them."""
+    if chunks.height != len(edges.chunk_ids) or (chunks.height and (chunks["chunk_id"][0], chunks["chunk_id"][-1])
+                                                  != (edges.chunk_ids[0], edges.chunk_ids[-1])):
+        raise ValueError("the saved edges are not of these chunks")
+    scores = pagerank_of_positions(chunks.height, edges.src, edges.dst, edges.weight)
     frame = chunks.select("chunk_id", "doc_id").with_columns(pl.Series("pagerank", scores))
     files.write(files.pagerank, frame)
     return frame

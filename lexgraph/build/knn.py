@@ -44,6 +44,8 @@ STATE_SCHEMA: dict[str, pl.DataType] = {
     "sim": pl.Float64(),
     "rank": pl.Int32(),
 }
+# The kinds of edge, in the order of their codes (EdgeRows.kind, the saved edges file, Kùzu's SIMILAR.kind).
+EDGE_KINDS = (SEMANTIC, LEXICAL)
 EDGE_SCHEMA: dict[str, pl.DataType] = {
     "src": pl.String(),
     "dst": pl.String(),
@@ -74,6 +76,43 @@ class AnnIndexError(ValueError):
 
 # A saved HNSW index and the faiss id of each of its chunks (same order as the chunk ids given with it).
 AnnIndex = tuple[object, np.ndarray]
+
+
+@dataclass(frozen=True)
+class EdgeRows:
+    """Undirected similarity edges (src < dst) as positions into ``chunk_ids``, with each one's kind (a
+    position in EDGE_KINDS) and weight: the form the KNN state saves and PageRank reads.
+
+    Why: at 100k chunks a save holds 2.65M edges; naming both ends by chunk id cost every add seconds of
+    string building, writing and mapping back. Only the few edges a store write needs get names (frame)."""
+
+    chunk_ids: np.ndarray  # sorted, unique
+    src: np.ndarray
+    dst: np.ndarray
+    kind: np.ndarray  # uint8 positions in EDGE_KINDS
+    weight: np.ndarray  # float64
+
+    @property
+    def height(self) -> int:
+        return len(self.src)
+
+    def counts_by_kind(self) -> dict[str, int]:
+        counts = np.bincount(self.kind, minlength=len(EDGE_KINDS))
+        return {name: int(n) for name, n in zip(EDGE_KINDS, counts) if n}
+
+    def frame(self) -> pl.DataFrame:
+        """The edges named by chunk id and kind name (EDGE_SCHEMA)."""
+        kinds = pl.Series(EDGE_KINDS, dtype=pl.String)
+        return pl.DataFrame({"src": _names(self.chunk_ids, self.src), "dst": _names(self.chunk_ids, self.dst),
+                             "kind": kinds.gather(self.kind), "weight": self.weight.astype(np.float64)},
+                            schema=EDGE_SCHEMA)
+
+    @staticmethod
+    def concat(parts: Sequence["EdgeRows"]) -> "EdgeRows":
+        if any(not np.array_equal(part.chunk_ids, parts[0].chunk_ids) for part in parts[1:]):
+            raise ValueError("edges of different chunk lists cannot be joined")
+        return EdgeRows(parts[0].chunk_ids, *(np.concatenate([getattr(p, name) for p in parts])
+                                              for name in ("src", "dst", "kind", "weight")))
 
 
 @dataclass(frozen=True)
@@ -787,11 +826,22 @@ class KnnGraph:
         """Undirected similarity edges (src < dst), weight = the larger of the two directions' sims."""
         return edges_of(self.lists(), self.kind)
 
+    def edge_rows(self) -> EdgeRows:
+        """The same edges as positions into ``chunk_ids``."""
+        return edge_rows_of(self.lists(), self.kind)
+
+
+def _names(chunk_ids: np.ndarray, positions: np.ndarray) -> pl.Series:
+    """The chunk ids at these positions. A few are picked out before they become a Series: turning all of a
+    100k-id array into one costs about 0.1 s, and the edge diffs ask for a few hundred ids, eight times."""
+    if len(positions) < len(chunk_ids):
+        return pl.Series(chunk_ids[positions], dtype=pl.String)
+    return pl.Series(chunk_ids, dtype=pl.String).gather(positions)
+
 
 def _edge_frame(chunk_ids: np.ndarray, src: np.ndarray, dst: np.ndarray, kind: str, weights: np.ndarray) -> pl.DataFrame:
-    names = pl.Series(chunk_ids, dtype=pl.String)
     return pl.DataFrame(
-        {"src": names.gather(src), "dst": names.gather(dst), "kind": pl.repeat(kind, len(src), eager=True),
+        {"src": _names(chunk_ids, src), "dst": _names(chunk_ids, dst), "kind": pl.repeat(kind, len(src), eager=True),
          "weight": weights},
         schema=EDGE_SCHEMA,
     )
@@ -813,9 +863,15 @@ def _undirected(neighbors: np.ndarray, sims: np.ndarray) -> tuple[np.ndarray, np
 
 def edges_of(saved: SavedLists, kind: str) -> pl.DataFrame:
     """The edges of saved lists, as :meth:`KnnGraph.edges` gives them for the graph they were saved from."""
+    return edge_rows_of(saved, kind).frame()
+
+
+def edge_rows_of(saved: SavedLists, kind: str) -> EdgeRows:
+    """The edges of saved lists as positions, as :meth:`KnnGraph.edge_rows` gives them."""
     keys, weights = _undirected(saved.neighbors, saved.sims)
     src, dst = np.divmod(keys, max(len(saved.chunk_ids), 1))
-    return _edge_frame(saved.chunk_ids, src, dst, kind, weights)
+    return EdgeRows(saved.chunk_ids, src.astype(np.int32), dst.astype(np.int32),
+                    np.full(len(src), EDGE_KINDS.index(kind), dtype=np.uint8), weights)
 
 
 def _check_lists(saved: SavedLists, k: int) -> None:

@@ -13,7 +13,7 @@ import scipy.sparse as sp
 DEFAULT_DAMPING = 0.85
 
 
-def _positions(node_ids: pl.Series, values: npt.ArrayLike | pl.Series) -> np.ndarray:
+def positions_of(node_ids: pl.Series, values: npt.ArrayLike | pl.Series) -> np.ndarray:
     """Index of each value in ``node_ids``; unknown values raise ValueError.
 
     A hash join, not a sort of strings: mapping a million edge ends to ids stays well under a second.
@@ -47,16 +47,31 @@ def pagerank(
     steps before it are conjugate gradients, see :func:`_solve`); raises RuntimeError if that takes
     more than ``max_iter`` iterations.
     """
-    if not 0.0 <= damping < 1.0:
-        raise ValueError(f"damping must be in [0, 1), got {damping}")
     nodes = pl.Series("id", node_ids)
     if nodes.is_duplicated().any():
         raise ValueError("node ids must be unique")
-    n = len(nodes)
-    rows = _positions(nodes, src)
-    cols = _positions(nodes, dst)
+    return pagerank_of_positions(len(nodes), positions_of(nodes, src), positions_of(nodes, dst), weight,
+                                 damping=damping, tol=tol, max_iter=max_iter)
+
+
+def pagerank_of_positions(
+    n: int,
+    rows: np.ndarray,
+    cols: np.ndarray,
+    weight: npt.ArrayLike | None = None,
+    *,
+    damping: float = DEFAULT_DAMPING,
+    tol: float = 1e-10,
+    max_iter: int = 1000,
+) -> np.ndarray:
+    """:func:`pagerank` of nodes 0..n-1 with edges given as their positions (no ids to look up)."""
+    if not 0.0 <= damping < 1.0:
+        raise ValueError(f"damping must be in [0, 1), got {damping}")
+    rows, cols = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
     if len(rows) != len(cols):
         raise ValueError("src and dst must have the same length")
+    if len(rows) and (min(int(rows.min()), int(cols.min())) < 0 or max(int(rows.max()), int(cols.max())) >= n):
+        raise ValueError(f"edge ends must be positions of the {n} nodes")
     weights = np.ones(len(rows)) if weight is None else np.asarray(weight, dtype=np.float64)
     if weights.shape != rows.shape:
         raise ValueError("weight must have one value per edge")

@@ -272,14 +272,16 @@ def _load_keywords(store: VectorStore, extract: ExtractStore, chunks: pl.DataFra
 
 
 def _load_neighbours(files: ci.CorpusFiles, position: dict[str, int]) -> sp.csr_matrix | None:
-    if not files.edges.exists():
+    edges = ci.read_edges(files)
+    if edges is None or edges.height == 0:
         return None
-    edges = pl.read_parquet(files.edges).filter(pl.col("src").is_in(list(position)) & pl.col("dst").is_in(list(position)))
-    if edges.height == 0:
+    # the saved chunks' positions in this index (-1: not loaded here), then the edges between loaded chunks
+    here = np.array([position.get(chunk_id, -1) for chunk_id in edges.chunk_ids.tolist()], dtype=np.int64)
+    src, dst = here[edges.src], here[edges.dst]
+    both = (src >= 0) & (dst >= 0)
+    if not bool(both.any()):
         return None
-    src = np.array([position[c] for c in edges["src"].to_list()])
-    dst = np.array([position[c] for c in edges["dst"].to_list()])
-    weight = edges["weight"].to_numpy().astype(float)
+    src, dst, weight = src[both], dst[both], edges.weight[both].astype(float)
     n = len(position)
     graph = sp.csr_matrix((np.concatenate([weight, weight]), (np.concatenate([src, dst]), np.concatenate([dst, src]))),
                           shape=(n, n))

@@ -1,0 +1,78 @@
+"""The KNN state's edges file holds positions into the save's chunks, not chunk ids: it reads back as the
+edges the update made, an edges file written before (chunk ids) still reads, and one that cannot be trusted
+(of another save, or naming rows beyond the chunks) is refused rather than read as other chunks' edges."""
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from lexgraph.build import corpus_index as ci
+from lexgraph.build.pagerank import pagerank, pagerank_of_positions
+from tests.test_knn_persist import corpus, sorted_edges
+
+
+def _saved(tmp_path, n: int = 120, mode: str = "exact") -> tuple[ci.CorpusFiles, ci.KnnResult]:
+    chunks, vectors, words = corpus(n, seed=3)
+    files = ci.CorpusFiles(tmp_path)
+    return files, ci.update_knn(files, chunks, vectors, words, k=4, mode=mode)
+
+
+def _rewrite(path, table) -> None:
+    pq.write_table(table, path)
+
+
+@pytest.mark.parametrize("mode", ["exact", "approx"])
+def test_the_saved_positions_read_back_as_the_edges_of_the_update(tmp_path, mode):
+    files, result = _saved(tmp_path, mode=mode)
+    assert pq.read_schema(files.edges).field("src").type == pa.int32()  # no chunk id per edge
+    read = ci.read_edges(files)
+    assert read.height == result.edge_rows.height > 0
+    assert sorted_edges(read.frame()).equals(sorted_edges(result.edges))
+    assert read.counts_by_kind() == {kind: int(n) for kind, n in
+                                     result.edges.group_by("kind").len().iter_rows()}
+
+
+def test_an_edges_file_of_chunk_ids_written_before_positions_reads_as_the_same_edges(tmp_path):
+    files, result = _saved(tmp_path)
+    generation = pq.read_schema(files.edges).metadata[ci.KNN_GENERATION]
+    _rewrite(files.edges, result.edges.to_arrow().replace_schema_metadata({ci.KNN_GENERATION: generation}))
+    read = ci.read_edges(files)
+    assert sorted_edges(read.frame()).equals(sorted_edges(result.edges))
+    chunks = pl.read_parquet(files.knn_corpus, columns=["chunk_id", "doc_id"])
+    assert np.allclose(ci.compute_pagerank(files, chunks, read)["pagerank"].to_numpy(),
+                       ci.compute_pagerank(files, chunks, result.edge_rows)["pagerank"].to_numpy())
+
+
+def test_an_edges_file_of_another_save_is_not_read(tmp_path):
+    files, _ = _saved(tmp_path)
+    table = pq.read_table(files.edges)
+    _rewrite(files.edges, table.replace_schema_metadata({**table.schema.metadata, ci.KNN_GENERATION: b"another"}))
+    assert ci.read_edges(files) is None
+    files.edges.unlink()
+    assert ci.read_edges(files) is None
+
+
+def test_edges_naming_rows_beyond_the_saved_chunks_are_refused(tmp_path):
+    files, _ = _saved(tmp_path)
+    table = pq.read_table(files.edges)
+    beyond = table.set_column(0, "src", pa.array(np.full(table.num_rows, 10_000, dtype=np.int32)))
+    _rewrite(files.edges, beyond.replace_schema_metadata(table.schema.metadata))
+    with pytest.raises(ValueError, match="beyond the 120 chunks"):
+        ci.read_edges(files)
+    unknown = table.replace_schema_metadata({**table.schema.metadata, ci.EDGE_KINDS_KEY: b"semantic,other"})
+    _rewrite(files.edges, unknown)
+    with pytest.raises(ValueError, match="edge kinds"):
+        ci.read_edges(files)
+
+
+def test_pagerank_of_positions_is_pagerank_of_the_ids_they_stand_for():
+    rng = np.random.default_rng(4)
+    ids = np.array([f"n{i:03d}" for i in range(50)])
+    rows, cols = rng.integers(0, 50, 300), rng.integers(0, 50, 300)
+    weights = rng.random(300)
+    assert np.array_equal(pagerank_of_positions(50, rows, cols, weights), pagerank(ids, ids[rows], ids[cols], weights))
+    with pytest.raises(ValueError, match="positions of the 50 nodes"):
+        pagerank_of_positions(50, np.array([0, 50]), np.array([1, 2]))
