@@ -76,3 +76,14 @@ def test_pagerank_of_positions_is_pagerank_of_the_ids_they_stand_for():
     assert np.array_equal(pagerank_of_positions(50, rows, cols, weights), pagerank(ids, ids[rows], ids[cols], weights))
     with pytest.raises(ValueError, match="positions of the 50 nodes"):
         pagerank_of_positions(50, np.array([0, 50]), np.array([1, 2]))
+
+
+def test_the_edges_bench_prints_both_forms_and_finds_the_same_neighbours(tmp_path, capsys):
+    from benchmarks.bench_knn_edges import main
+
+    _saved(tmp_path / "index")
+    assert main([str(tmp_path / "index"), "--repeats", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "120 chunks" in printed and "neighbour matrices equal: True" in printed
+    assert "PageRank: read the edges and solve: by chunk id" in printed
+    assert main([str(tmp_path / "nothing")]) == 2
