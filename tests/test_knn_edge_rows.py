@@ -37,8 +37,10 @@ def test_the_saved_positions_read_back_as_the_edges_of_the_update(tmp_path, mode
 
 def test_an_edges_file_of_chunk_ids_written_before_positions_reads_as_the_same_edges(tmp_path):
     files, result = _saved(tmp_path)
-    generation = pq.read_schema(files.edges).metadata[ci.KNN_GENERATION]
-    _rewrite(files.edges, result.edges.to_arrow().replace_schema_metadata({ci.KNN_GENERATION: generation}))
+    generation = pq.read_metadata(files.edges).metadata[ci.KNN_GENERATION].decode()
+    # as the code before wrote it: polars, the generation in the file's key-value metadata only
+    result.edges.write_parquet(files.edges, compression="lz4", statistics=False,
+                               metadata={ci.KNN_GENERATION.decode(): generation})
     read = ci.read_edges(files)
     assert sorted_edges(read.frame()).equals(sorted_edges(result.edges))
     chunks = pl.read_parquet(files.knn_corpus, columns=["chunk_id", "doc_id"])
