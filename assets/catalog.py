@@ -29,8 +29,7 @@ import polars as pl
 import pyarrow as pa
 
 from lexgraph.build import lexical, pipeline
-from lexgraph.build.corpus_index import KNN_STATE_SCHEMA, CorpusFiles
-from lexgraph.build.knn import EDGE_SCHEMA
+from lexgraph.build.corpus_index import KNN_STATE_SCHEMA, SAVED_EDGE_SCHEMA, CorpusFiles
 from lexgraph.build.resolution import MERGE_SCHEMA
 from lexgraph.extract.keywords import OCCURRENCE_SCHEMA, empty_keyword_index
 from lexgraph.extract.source_texts import SOURCE_TEXT_SCHEMA, SOURCE_TEXTS
@@ -62,6 +61,9 @@ COLUMN_NOTES = {
     "extracted_at": "when the extraction was made (UTC)",
     "doc_id": "document id: the partition key",
     "chunk_id": "chunk id (deterministic: document, order, text)",
+    "src": "KNN edge end: row of knn_corpus.parquet of the same save (src < dst)",
+    "dst": "KNN edge end: row of knn_corpus.parquet of the same save",
+    "kind": "KNN edge kind: 0 semantic (embedding cosine), 1 lexical (shared keywords)",
 }
 
 # Frames the engine builds without a declared schema (see the module docstring).
@@ -166,7 +168,7 @@ TABLES: dict[str, list[Table]] = {
     "document_facts": [_extract(pipeline.FACTS, lexical.FACT_COLUMNS)],
     "document_entities": [_extract(pipeline.ENTITIES, lexical.ENTITY_COLUMNS),
                           _extract(pipeline.RELATIONS, lexical.RELATION_COLUMNS)],
-    "chunk_knn_graph": [_corpus("edges", EDGE_SCHEMA), _corpus("knn_state", KNN_STATE_SCHEMA)],
+    "chunk_knn_graph": [_corpus("edges", SAVED_EDGE_SCHEMA), _corpus("knn_state", KNN_STATE_SCHEMA)],
     "chunk_pagerank": [_corpus("pagerank", PAGERANK_SCHEMA)],
     "skeleton_selection": [_corpus("skeleton", SKELETON_SCHEMA),
                            _lance(vector_store.CHUNK_SCORES, vector_store.CHUNK_SCORE_SCHEMA)],

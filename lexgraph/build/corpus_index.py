@@ -597,9 +597,8 @@ def _write_knn(files: CorpusFiles, frame: pl.DataFrame, lists: dict[str, SavedLi
     corpus = frame.with_columns(ann_ids, pl.lit(json.dumps(settings)).alias("settings")).to_arrow()
     corpus = corpus.add_column(3, "word_ids", word_ids)
     vocabulary = pa.table({"word": pa.array(words.vocabulary, type=pa.string())})
-    edge_table = pa.table({"src": pa.array(edges.src.astype(np.int32)), "dst": pa.array(edges.dst.astype(np.int32)),
-                           "kind": pa.array(edges.kind.astype(np.uint8)), "weight": pa.array(edges.weight)},
-                          metadata={EDGE_KINDS_KEY: ",".join(EDGE_KINDS).encode()})
+    edge_table = pl.DataFrame({name: getattr(edges, name) for name in SAVED_EDGE_SCHEMA}, schema=SAVED_EDGE_SCHEMA
+                              ).to_arrow().replace_schema_metadata({EDGE_KINDS_KEY: ",".join(EDGE_KINDS).encode()})
     for path, table in ((files.knn_state, state), (files.knn_vocabulary, vocabulary), (files.knn_corpus, corpus),
                         (files.edges, edge_table)):
         _write_table(path, table.replace_schema_metadata({**(table.schema.metadata or {}),
@@ -654,7 +653,9 @@ def saved_edge_rows(saved: SavedKnn) -> EdgeRows:
 
 
 # knn_edges.parquet: src and dst are row numbers of knn_corpus.parquet of the same save; kind a position in
-# the list of kind names this key holds. Written by code before it: src and dst chunk ids, kind names.
+# the list of kind names EDGE_KINDS_KEY holds. Written by code before it: src and dst chunk ids, kind names.
+SAVED_EDGE_SCHEMA: dict[str, pl.DataType] = {"src": pl.Int32(), "dst": pl.Int32(), "kind": pl.UInt8(),
+                                             "weight": pl.Float64()}
 EDGE_KINDS_KEY = b"lexgraph.edge_kinds"
 
 
