@@ -70,20 +70,13 @@ def main(argv: list[str] | None = None) -> int:
         copy = ci.CorpusFiles(by_position)  # a save's corpus and edges files, written by the current code
         copy.root.mkdir(parents=True)
         copy.knn_corpus.write_bytes(files.knn_corpus.read_bytes())
-        generation = saved.generation.encode()
 
         def write_by_id() -> None:
             named.write_parquet(by_id, compression="lz4", statistics=False,
                                 metadata={ci.KNN_GENERATION.decode(): saved.generation})
 
         def write_by_position() -> None:
-            import pyarrow as pa
-
-            table = pa.table({"src": pa.array(rows.src.astype(np.int32)), "dst": pa.array(rows.dst.astype(np.int32)),
-                              "kind": pa.array(rows.kind), "weight": pa.array(rows.weight)},
-                             metadata={ci.EDGE_KINDS_KEY: ",".join(ci.EDGE_KINDS).encode(),
-                                       ci.KNN_GENERATION: generation})
-            ci._write_table(copy.edges, table)
+            ci.write_saved_edges(copy.edges, rows, saved.generation)
 
         def pagerank_by_id() -> None:
             edges = pl.read_parquet(by_id, columns=["src", "dst", "weight"])

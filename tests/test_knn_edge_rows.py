@@ -20,8 +20,11 @@ def _saved(tmp_path, n: int = 120, mode: str = "exact") -> tuple[ci.CorpusFiles,
     return files, ci.update_knn(files, chunks, vectors, words, k=4, mode=mode)
 
 
-def _rewrite(path, table) -> None:
-    pq.write_table(table, path)
+def _rewrite(path, table, **metadata: bytes) -> None:
+    """The file again with this table and its key-value metadata changed by `metadata` (bytes keys)."""
+    listed = {k: v for k, v in (pq.read_metadata(path).metadata or {}).items() if k != b"ARROW:schema"}
+    listed.update({k.encode(): v for k, v in metadata.items()})
+    pq.write_table(table.replace_schema_metadata(listed), path)
 
 
 @pytest.mark.parametrize("mode", ["exact", "approx"])
@@ -50,8 +53,7 @@ def test_an_edges_file_of_chunk_ids_written_before_positions_reads_as_the_same_e
 
 def test_an_edges_file_of_another_save_is_not_read(tmp_path):
     files, _ = _saved(tmp_path)
-    table = pq.read_table(files.edges)
-    _rewrite(files.edges, table.replace_schema_metadata({**table.schema.metadata, ci.KNN_GENERATION: b"another"}))
+    _rewrite(files.edges, pq.read_table(files.edges), **{ci.KNN_GENERATION.decode(): b"another"})
     assert ci.read_edges(files) is None
     files.edges.unlink()
     assert ci.read_edges(files) is None
@@ -60,12 +62,10 @@ def test_an_edges_file_of_another_save_is_not_read(tmp_path):
 def test_edges_naming_rows_beyond_the_saved_chunks_are_refused(tmp_path):
     files, _ = _saved(tmp_path)
     table = pq.read_table(files.edges)
-    beyond = table.set_column(0, "src", pa.array(np.full(table.num_rows, 10_000, dtype=np.int32)))
-    _rewrite(files.edges, beyond.replace_schema_metadata(table.schema.metadata))
+    _rewrite(files.edges, table.set_column(0, "src", pa.array(np.full(table.num_rows, 10_000, dtype=np.int32))))
     with pytest.raises(ValueError, match="beyond the 120 chunks"):
         ci.read_edges(files)
-    unknown = table.replace_schema_metadata({**table.schema.metadata, ci.EDGE_KINDS_KEY: b"semantic,other"})
-    _rewrite(files.edges, unknown)
+    _rewrite(files.edges, table, **{ci.EDGE_KINDS_KEY.decode(): b"semantic,other"})
     with pytest.raises(ValueError, match="edge kinds"):
         ci.read_edges(files)
 
