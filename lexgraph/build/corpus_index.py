@@ -672,8 +672,9 @@ def read_edges(files: CorpusFiles) -> EdgeRows | None:
     file, or one of another save than knn_corpus.parquet (torn by a crash), whose positions would name the
     wrong chunks. An edges file of the format before positions is mapped to them."""
     try:
-        generation = _generation(files.edges)
-        if generation is None or generation != _generation(files.knn_corpus):
+        listed = pq.read_metadata(files.edges).metadata or {}  # the footer once: the generation and the kinds
+        generation = listed.get(KNN_GENERATION)
+        if generation is None or generation.decode() != _generation(files.knn_corpus):
             return None
         edges, corpus = pq.read_table(files.edges), pq.read_table(files.knn_corpus, columns=["chunk_id"])
     except FileNotFoundError:
@@ -685,7 +686,7 @@ def read_edges(files: CorpusFiles) -> EdgeRows | None:
         kinds = named["kind"].replace_strict({name: code for code, name in enumerate(EDGE_KINDS)}, return_dtype=pl.UInt8)
         return EdgeRows(chunk_ids, positions_of(ids, named["src"]), positions_of(ids, named["dst"]), kinds.to_numpy(),
                         named["weight"].to_numpy())
-    names = (pq.read_metadata(files.edges).metadata or {}).get(EDGE_KINDS_KEY, b"").decode().split(",")
+    names = listed.get(EDGE_KINDS_KEY, b"").decode().split(",")
     if tuple(names) != EDGE_KINDS:
         raise ValueError(f"{files.edges.name} names edge kinds {names}, this version knows {list(EDGE_KINDS)}")
     src, dst = (edges.column(name).to_numpy() for name in ("src", "dst"))
