@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from lexgraph.build import corpus_index as ci
+from lexgraph.build.knn import EdgeRows
 from lexgraph.build.pagerank import pagerank, pagerank_of_positions
 from tests.test_knn_persist import corpus, sorted_edges
 
@@ -89,3 +90,34 @@ def test_the_edges_bench_prints_both_forms_and_finds_the_same_neighbours(tmp_pat
     assert "120 chunks" in printed and "neighbour matrices equal: True" in printed
     assert "PageRank: read the edges and solve: by chunk id" in printed
     assert main([str(tmp_path / "nothing")]) == 2
+
+
+def test_pagerank_refuses_edges_of_other_chunks_and_edges_of_two_lists_do_not_join(tmp_path):
+    files, result = _saved(tmp_path)
+    chunks = pl.read_parquet(files.knn_corpus, columns=["chunk_id", "doc_id"])
+    with pytest.raises(ValueError, match="not of these chunks"):
+        ci.compute_pagerank(files, chunks.head(119), result.edge_rows)
+    with pytest.raises(ValueError, match="not of these chunks"):
+        ci.compute_pagerank(files, chunks.with_columns(pl.col("chunk_id").str.replace("^", "x")), result.edge_rows)
+    rows = result.edge_rows
+    other = EdgeRows(rows.chunk_ids[::-1].copy(), rows.src, rows.dst, rows.kind, rows.weight)
+    with pytest.raises(ValueError, match="different chunk lists"):
+        EdgeRows.concat([rows, other])
+
+
+def test_chunk_pagerank_fails_with_the_reason_when_the_saved_edges_are_of_another_save(tiny_corpus, home, instance):
+    import dagster as dg
+
+    from assets.skeleton import chunk_pagerank
+    from orchestration.definitions import build_definitions
+    from orchestration.runner import ingest_folder
+    from lexgraph.settings import Settings
+
+    ingest_folder(tiny_corpus, instance, home=str(home), progress=False)
+    files = ci.CorpusFiles(Settings.from_env(home=home).index_dir)
+    _rewrite(files.edges, pq.read_table(files.edges), **{ci.KNN_GENERATION.decode(): b"another"})
+    defs = build_definitions(Settings.from_env(home=home, inbox=tiny_corpus))
+    result = dg.materialize([chunk_pagerank], instance=instance, resources=defs.resources, raise_on_error=False)
+    assert not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure)
+    assert "saved edges are missing or of another save" in str(failure.step_failure_data.error.message)
