@@ -121,3 +121,14 @@ def test_chunk_pagerank_fails_with_the_reason_when_the_saved_edges_are_of_anothe
     assert not result.success
     failure = next(e for e in result.all_events if e.is_step_failure)
     assert "saved edges are missing or of another save" in str(failure.step_failure_data.error.message)
+
+
+def test_the_edges_touching_some_chunks_are_those_of_the_named_frame(tmp_path):
+    _, result = _saved(tmp_path)
+    named = result.edges
+    picked = [named["src"][0], named["dst"][7], "no-such-chunk", named["src"][0]]
+    expected = named.filter(pl.col("src").is_in(picked) | pl.col("dst").is_in(picked))
+    assert 0 < expected.height < named.height
+    assert sorted_edges(result.edge_rows.touching(picked).frame()).equals(sorted_edges(expected))
+    assert result.edge_rows.touching(["no-such-chunk"]).height == 0
+    assert result.edge_rows.touching([]).height == 0

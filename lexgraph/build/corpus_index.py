@@ -765,7 +765,7 @@ def _similar_edges_to(graph, result: KnnResult, synced: str | None) -> dict:
             touches_lost = pl.col("src").is_in(lost) | pl.col("dst").is_in(lost)
             removed = removed.filter(~touches_lost)  # a lost chunk's edges are not there to delete or update
             reweighted = reweighted.filter(~touches_lost)
-            restored = result.edges.filter(touches_lost).join(added, on=EDGE_KEY, how="anti").join(
+            restored = result.edge_rows.touching(lost).frame().join(added, on=EDGE_KEY, how="anti").join(
                 reweighted, on=EDGE_KEY, how="anti")
         # fewer than asked when edges of chunks deleted with their document are gone already
         deleted = graph.delete_similarity_edges(pl.concat([removed, reweighted]).select(EDGE_KEY))

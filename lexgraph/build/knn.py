@@ -107,6 +107,15 @@ class EdgeRows:
                              "kind": kinds.gather(self.kind), "weight": self.weight.astype(np.float64)},
                             schema=EDGE_SCHEMA)
 
+    def touching(self, chunk_ids: Sequence[str]) -> "EdgeRows":
+        """The edges with an end among these chunks (an id this list does not hold has none)."""
+        wanted = np.asarray(chunk_ids, dtype=str)
+        at = np.searchsorted(self.chunk_ids, wanted)  # chunk_ids is sorted: no string table to build
+        held = at < len(self.chunk_ids)
+        ends = at[held][self.chunk_ids[at[held]] == wanted[held]]
+        keep = np.isin(self.src, ends) | np.isin(self.dst, ends)
+        return EdgeRows(self.chunk_ids, self.src[keep], self.dst[keep], self.kind[keep], self.weight[keep])
+
     @staticmethod
     def concat(parts: Sequence["EdgeRows"]) -> "EdgeRows":
         if any(not np.array_equal(part.chunk_ids, parts[0].chunk_ids) for part in parts[1:]):
