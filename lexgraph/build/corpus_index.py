@@ -1172,7 +1172,7 @@ def _keyword_graph_diff(store: ExtractStore, graph, result: KeywordIndexResult, 
     graph.add_keyword_links(result.links)
     written = result.links.height
     expected = sum(result.link_counts.values())
-    in_graph = graph.keyword_link_count()  # the whole table: the check is over every document's links
+    in_graph = graph.count("KEYWORD_IN")  # the whole table: the check is over every document's links
     if in_graph != expected:
         # documents reloaded since the last update lost their chunks' links: find them and write them again
         held = graph.keyword_links_per_document()
@@ -1183,7 +1183,7 @@ def _keyword_graph_diff(store: ExtractStore, graph, result: KeywordIndexResult, 
         written += again.height
         figures["keyword_docs_read"] += len(short)
         figures["keyword_docs_restored"] = len(short)
-        in_graph = graph.keyword_link_count()
+        in_graph = graph.count("KEYWORD_IN")
     figures.update(keywords_added=len(result.keywords_appeared), keywords_removed=len(result.keywords_gone),
                    keyword_links_written=written, keyword_links_deleted=deleted)
     return in_graph == expected and graph.count("Keyword") == result.keyword_count

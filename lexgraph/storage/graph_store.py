@@ -286,12 +286,6 @@ class GraphStore:
                            "WITH a.id AS s, b.id AS d RETURN count(*) AS n", params)
         return int(found["n"][0]) if found.height else 0
 
-    def keyword_link_count(self) -> int:
-        """KEYWORD_IN edges, by count(*): 0.02 s at 4.77M links against 1.7 s through both ends (edge_count).
-        Exact here, unlike for SIMILAR: Kùzu 0.11's ghosts come from a DETACH DELETE that removes both ends of
-        an edge at once, which needs both ends in one node table (tests/test_graph_store.py checks it stays so)."""
-        return self._count("MATCH (:Keyword)-[r:KEYWORD_IN]->(:Chunk) RETURN count(*)") if self.conn else 0
-
     def _recreate(self, *tables: str) -> None:
         """Empty tables by dropping and creating them again: deleting millions of rows one by one takes
         minutes, dropping a table milliseconds. Rel tables first (a node table with rels cannot go)."""
