@@ -103,3 +103,38 @@ def test_chunk_limit_check_fails_for_an_over_long_chunk(embedder, corpus_text):
     within = frame.with_columns(pl.lit(254, dtype=pl.Int32).alias("token_count"))
     checks = {c.check_name: c for c in _chunk_checks(within, Embedder.shared().max_tokens)}
     assert checks["chunks_within_embedder_limit"].passed is True
+
+
+def test_texts_embedded_lately_are_reused_not_embedded_again(embedder, corpus_text):
+    """A document's statements repeat its keyword sentences: their vectors come from embedder.recent, and the
+    token count says what the model ran on. A pooled (over-long) text is never kept: its vector is not its own."""
+    sentences = [s for s in corpus_text.split(". ") if 3 < len(s) < 300][:40]
+    fresh = [f"An unseen sentence number {i} about berth fees." for i in range(5)]
+    first = embedder.embed(sentences[:30])
+    before = (embedder.stats.tokens, embedder.stats.reused_texts)
+    counted = []
+    again = embedder.embed(sentences[20:40] + fresh + sentences[25:27], progress=counted.append)
+    new_texts = sentences[30:40] + fresh
+    assert embedder.stats.reused_texts - before[1] == 10
+    assert embedder.stats.tokens - before[0] == sum(embedder.count_tokens(new_texts))
+    assert sum(counted) == 25  # every unique text is reported, reused or embedded
+    for i in range(10):  # sentences 20-29: the vectors of the first call
+        assert agree(embedder, again[i], first[20 + i])
+    assert agree(embedder, again[25], first[25]) and agree(embedder, again[-1], first[26])
+    long = first_pieces(embedder, corpus_text, embedder.max_tokens + 40)
+    tokens = embedder.stats.tokens
+    embedder.embed_query(long)
+    once = embedder.stats.tokens - tokens
+    embedder.embed_query(long)
+    assert once > embedder.max_tokens and embedder.stats.tokens - tokens == 2 * once
+
+
+def test_recent_vectors_drop_the_least_recently_used_first():
+    from lexgraph.extract.embedder import RecentVectors
+
+    recent = RecentVectors(max_bytes=3 * 2 * 4, dimension=2)  # room for three vectors of two floats
+    recent.keep(["a", "b", "c"], np.eye(3, 2, dtype=np.float32))
+    assert recent.found(["a"]).keys() == {"a"}  # "a" is now the most recent
+    recent.keep(["d"], np.ones((1, 2), dtype=np.float32))
+    assert recent.found(["a", "b", "c", "d"]).keys() == {"a", "c", "d"}
+    assert RecentVectors(max_bytes=4, dimension=2).found(["a"]) == {}
