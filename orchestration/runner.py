@@ -22,6 +22,7 @@ from tqdm import tqdm
 from lexgraph import progress as stage_progress
 from lexgraph.build import pipeline
 from lexgraph.build.corpus_index import LEXICAL_GRAPH, CorpusFiles, solo_steps
+from lexgraph.extract.embedder import reusing_recent_vectors
 from lexgraph.inbox import FileState, plan_reconcile, scan_folder
 from lexgraph.settings import Settings
 from lexgraph.storage.extract_store import ExtractStore, verify_extracts
@@ -104,8 +105,9 @@ def ingest_folder(folder: str | Path, instance: dg.DagsterInstance, home: str | 
     for key in requests.delete_partitions:
         instance.delete_dynamic_partition(documents.name, key)
     runs = requests.run_requests
+    # one ingest's runs share the vectors of texts embedded in it: the statements repeat the keyword sentences
     with _reporter(progress, len(runs) + int(corpus)) as reporter, stage_progress.reporting(reporter), \
-            _joined(preload):
+            _joined(preload), reusing_recent_vectors():
         for request in runs:
             reporter.next_run()
             reporter.start("purging" if request.job_name == "purge_documents" else "reading",

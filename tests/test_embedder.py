@@ -105,28 +105,39 @@ def test_chunk_limit_check_fails_for_an_over_long_chunk(embedder, corpus_text):
     assert checks["chunks_within_embedder_limit"].passed is True
 
 
-def test_texts_embedded_lately_are_reused_not_embedded_again(embedder, corpus_text):
-    """A document's statements repeat its keyword sentences: their vectors come from embedder.recent, and the
-    token count says what the model ran on. A pooled (over-long) text is never kept: its vector is not its own."""
+def test_inside_one_block_a_text_is_embedded_once_and_the_next_block_starts_afresh(embedder, corpus_text):
+    """A document's statements repeat its keyword sentences: inside reusing_recent_vectors() (one ingest) their
+    vectors are reused, and the token count says what the model ran on. Outside a block, and in the next one,
+    nothing of an earlier block is reused. A pooled (over-long) text is never kept: its vector is not its own."""
+    from lexgraph.extract.embedder import reusing_recent_vectors
+
     sentences = [s for s in corpus_text.split(". ") if 3 < len(s) < 300][:40]
     fresh = [f"An unseen sentence number {i} about berth fees." for i in range(5)]
-    first = embedder.embed(sentences[:30])
-    before = (embedder.stats.tokens, embedder.stats.reused_texts)
-    counted = []
-    again = embedder.embed(sentences[20:40] + fresh + sentences[25:27], progress=counted.append)
-    new_texts = sentences[30:40] + fresh
-    assert embedder.stats.reused_texts - before[1] == 10
-    assert embedder.stats.tokens - before[0] == sum(embedder.count_tokens(new_texts))
-    assert sum(counted) == 25  # every unique text is reported, reused or embedded
-    for i in range(10):  # sentences 20-29: the vectors of the first call
-        assert agree(embedder, again[i], first[20 + i])
-    assert agree(embedder, again[25], first[25]) and agree(embedder, again[-1], first[26])
     long = first_pieces(embedder, corpus_text, embedder.max_tokens + 40)
-    tokens = embedder.stats.tokens
-    embedder.embed_query(long)
-    once = embedder.stats.tokens - tokens
-    embedder.embed_query(long)
-    assert once > embedder.max_tokens and embedder.stats.tokens - tokens == 2 * once
+
+    def tokens_of(texts, **kwargs) -> tuple[int, int]:
+        before = (embedder.stats.tokens, embedder.stats.reused_texts)
+        embedder.embed(texts, **kwargs)
+        return embedder.stats.tokens - before[0], embedder.stats.reused_texts - before[1]
+
+    with reusing_recent_vectors():
+        first = embedder.embed(sentences[:30])
+        before = (embedder.stats.tokens, embedder.stats.reused_texts)
+        counted = []
+        again = embedder.embed(sentences[20:40] + fresh + sentences[25:27], progress=counted.append)
+        assert embedder.stats.reused_texts - before[1] == 10
+        assert embedder.stats.tokens - before[0] == sum(embedder.count_tokens(sentences[30:40] + fresh))
+        assert sum(counted) == 25  # every unique text is reported, reused or embedded
+        for i in range(10):  # sentences 20-29: the vectors of the first call
+            assert agree(embedder, again[i], first[20 + i])
+        assert agree(embedder, again[25], first[25]) and agree(embedder, again[-1], first[26])
+        once, _ = tokens_of([long], long="pool")
+        assert once > embedder.max_tokens and tokens_of([long], long="pool") == (once, 0)
+    whole = sum(embedder.count_tokens(sentences[:10]))
+    assert tokens_of(sentences[:10]) == (whole, 0)  # outside a block
+    with reusing_recent_vectors():
+        assert tokens_of(sentences[:10]) == (whole, 0)  # a new block: the last one's vectors are gone
+        assert tokens_of(sentences[:10]) == (0, 10)
 
 
 def test_recent_vectors_drop_the_least_recently_used_first():
@@ -138,3 +149,19 @@ def test_recent_vectors_drop_the_least_recently_used_first():
     recent.keep(["d"], np.ones((1, 2), dtype=np.float32))
     assert recent.found(["a", "b", "c", "d"]).keys() == {"a", "c", "d"}
     assert RecentVectors(max_bytes=4, dimension=2).found(["a"]) == {}
+
+
+def test_an_ingest_embeds_the_statements_that_repeat_keyword_sentences_once(tiny_corpus, home, instance):
+    """The LLM-free extractor's statements are keyword sentences of the same chunks: the ingest that embedded
+    those for the keyword index reuses their vectors for the statements' rows, which equal a lone embedding."""
+    from lexgraph.settings import Settings
+    from lexgraph.storage.vector_store import VectorStore
+    from orchestration.runner import ingest_folder
+
+    embedder = Embedder.shared(backend=Settings.from_env(home=home).embed_backend)
+    before = embedder.stats.reused_texts
+    ingest_folder(tiny_corpus, instance, home=str(home), progress=False)
+    assert embedder.stats.reused_texts > before
+    rows = pl.from_arrow(VectorStore(Settings.from_env(home=home).lance_uri).db.open_table("statements").to_arrow())
+    alone = embedder.embed(rows["text"].to_list())
+    assert all(agree(embedder, mine, lone) for mine, lone in zip(rows["vector"].to_numpy(), alone))

@@ -12,9 +12,10 @@ import json
 import os
 import threading
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -30,10 +31,33 @@ EMBED_BACKENDS = (TORCH, ONNX, ONNX_INT8)
 DEFAULT_BACKEND = ONNX
 _CACHE: dict[tuple[str, str, str], "Embedder"] = {}
 _CACHE_LOCK = threading.Lock()
-# The vectors of the texts a process embedded last, kept up to this size: a document's statements are, with the
-# LLM-free extractor, its keyword sentences again, embedded minutes earlier in the same ingest (100 of 100 for a
-# synthetic 20-chunk document, 1.2 s of its add at 100k chunks).
+# Inside reusing_recent_vectors(), the vectors of the texts embedded last in it, kept up to this size: a
+# document's statements are, with the LLM-free extractor, its keyword sentences again, embedded minutes earlier in
+# the same ingest (100 of 100 for a synthetic 20-chunk document, 1.2 s of its add at 100k chunks).
 RECENT_VECTOR_BYTES = 64 << 20
+_reuse_scope: object | None = None  # the open reusing_recent_vectors() block, None outside one
+_reuse_depth = 0
+
+
+@contextmanager
+def reusing_recent_vectors() -> Iterator[None]:
+    """Within this block, an embedder does not embed again a text it embedded earlier in the block; its end
+    drops those vectors. Scoped (one ingest opens it around its runs) so that what a step reports as embedded
+    depends on that ingest alone, never on what the process did before."""
+    global _reuse_scope, _reuse_depth
+    with _CACHE_LOCK:
+        _reuse_depth += 1
+        if _reuse_depth == 1:
+            _reuse_scope = object()
+    try:
+        yield
+    finally:
+        with _CACHE_LOCK:
+            _reuse_depth -= 1
+            if not _reuse_depth:
+                _reuse_scope = None
+                for embedder in _CACHE.values():
+                    embedder.recent.clear()
 
 
 class InputTooLongError(ValueError):
@@ -147,6 +171,12 @@ class RecentVectors:
         self.capacity = max(0, max_bytes // max(1, dimension * 4))
         self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
+        self.scope: object | None = None  # the reusing_recent_vectors() block the vectors were kept in
+
+    def clear(self, scope: object | None = None) -> None:
+        with self._lock:
+            self._vectors.clear()
+            self.scope = scope
 
     def found(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
         with self._lock:
@@ -273,8 +303,8 @@ class Embedder:
 
     def embed(self, texts: Sequence[str], progress: Callable[[int], None] | None = None,
               long: str = "refuse") -> np.ndarray:
-        """L2-normalised float32 vectors; identical texts are embedded once, and a text this process embedded
-        lately (self.recent) is not embedded again.
+        """L2-normalised float32 vectors; identical texts are embedded once, and inside
+        reusing_recent_vectors() a text embedded earlier in that block is not embedded again.
 
         long="refuse" (chunks, sentences): a text over the model's input limit raises InputTooLongError,
         since the model would truncate it. long="pool" (queries only): such a text is embedded as
@@ -284,7 +314,10 @@ class Embedder:
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
         every = list(dict.fromkeys(texts))
-        reused = self.recent.found(every)
+        scope = _reuse_scope
+        if scope is not None and self.recent.scope is not scope:  # kept in an earlier block: not this one's
+            self.recent.clear(scope)
+        reused = self.recent.found(every) if scope is not None else {}
         unique = [t for t in every if t not in reused]  # each within the limit: only such texts are kept
         if progress and reused:
             progress(len(reused))
@@ -315,7 +348,8 @@ class Embedder:
             if progress:
                 progress(len(unique))
         within = [i for i, n in enumerate(lengths) if n <= self.max_tokens]  # a pooled vector is not the text's own
-        self.recent.keep([unique[i] for i in within], vectors[within])
+        if scope is not None:
+            self.recent.keep([unique[i] for i in within], vectors[within])
         self.stats.texts += len(texts)
         self.stats.unique_texts += len(every)
         self.stats.reused_texts += len(reused)
