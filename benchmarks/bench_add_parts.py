@@ -36,10 +36,10 @@ def restored_edges(index: Path, repeats: int) -> str:
     edges = ci.read_edges(ci.CorpusFiles(index))
     if edges is None:
         raise SystemExit(f"{index}: no whole KNN save to read")
-    lost = list(np.random.default_rng(0).choice(edges.chunk_ids, 20, replace=False))
+    lost = list(np.random.default_rng(0).choice(edges.chunk_ids, min(20, len(edges.chunk_ids)), replace=False))
     touches = pl.col("src").is_in(lost) | pl.col("dst").is_in(lost)
     before, now = _alternating(lambda: edges.frame().filter(touches), lambda: edges.touching(lost).frame(), repeats)
-    return f"restored edges of 20 chunks among {edges.height} edges: {before:.3f} s -> {now:.3f} s ({now / before:.2f}x)"
+    return f"restored edges of {len(lost)} chunks among {edges.height} edges: {before:.3f} s -> {now:.3f} s ({now / before:.2f}x)"
 
 
 def keyword_link_count(index: Path, repeats: int) -> str:
@@ -76,11 +76,11 @@ def statement_vectors(index: Path, repeats: int) -> str:
             f"document: {before:.3f} s -> {now:.3f} s ({now / before:.2f}x)")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("index", type=Path, help="an index folder (the one holding corpus/, extract/, graph.kuzu)")
     parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     for part in (restored_edges, keyword_link_count, statement_vectors):
         print(part(args.index, args.repeats), flush=True)
 
