@@ -22,7 +22,7 @@ from dagster._core.definitions.external_asset import create_external_asset_from_
 from assets.catalog import PER_DOCUMENT, owners, spec_kwargs
 from lexgraph.build import pipeline
 from lexgraph.ids import content_hash, file_hash
-from orchestration.partitions import GRAPH_WRITER_POOL, batched, documents
+from orchestration.partitions import GRAPH_WRITER_POOL, batched, documents, step_partition_keys
 from resources import EmbedderResource, IndexResource, InboxResource, KuzuResource, LanceDBResource
 
 GROUP = PER_DOCUMENT
@@ -36,7 +36,7 @@ PREVIEW_CHUNKS = 3
 
 def _observed_keys(context: dg.OpExecutionContext) -> list[str]:
     if context.has_partition_key or context.has_partition_key_range:
-        return list(context.partition_keys)
+        return list(step_partition_keys(context))
     return context.instance.get_dynamic_partitions(documents.name)  # "Observe" from the UI: every document
 
 
@@ -71,8 +71,8 @@ def _report_failures(context: dg.AssetExecutionContext, stage: str, result: pipe
 
 def with_output(context: dg.AssetExecutionContext, store, stage: str) -> list[str]:
     """Partition keys whose upstream stage has output; missing ones were reported upstream."""
-    ready = [key for key in context.partition_keys if store.exists(stage, key)]
-    for key in set(context.partition_keys) - set(ready):
+    ready = [key for key in step_partition_keys(context) if store.exists(stage, key)]
+    for key in set(step_partition_keys(context)) - set(ready):
         context.log.warning(f"{key}: skipped, no {stage} output (see the upstream failure)")
     return ready
 
@@ -100,7 +100,7 @@ def data_version(context: dg.AssetExecutionContext, hashes: dict[str, str | None
     documents at the same content gives the same version, and a changed document gives a new one."""
     code = context.assets_def.code_versions_by_key.get(context.asset_key) or ""
     lines = [context.asset_key.to_user_string(), code] + [
-        f"{key}={hashes.get(key) or '-'}:{_status(key, result)}" for key in sorted(context.partition_keys)]
+        f"{key}={hashes.get(key) or '-'}:{_status(key, result)}" for key in sorted(step_partition_keys(context))]
     return dg.DataVersion(content_hash("\n".join(lines)))
 
 
@@ -111,7 +111,7 @@ def describe_partitions(context: dg.AssetExecutionContext, result: pipeline.Stag
     of the stored source, see stored_hashes): a done partition shows the source version it was made from
     as `sha256`, so every per-document asset's history names the version of each materialization."""
     extra, hashes = extra or {}, hashes or {}
-    for key in context.partition_keys:
+    for key in step_partition_keys(context):
         status = _status(key, result)
         metadata: dict = {"status": status, "doc_id": key}
         if status == "done":
@@ -133,7 +133,7 @@ def describe_partitions(context: dg.AssetExecutionContext, result: pipeline.Stag
 
 def batch_metadata(context: dg.AssetExecutionContext, result: pipeline.StageResult, **extra) -> dict:
     """Figures of the run as a whole; every key says it is the batch's."""
-    return {"batch_partitions": len(context.partition_keys), "batch_documents": len(result.done),
+    return {"batch_partitions": len(step_partition_keys(context)), "batch_documents": len(result.done),
             "batch_rows": result.rows, "batch_failed_documents": dg.MetadataValue.json(result.failed),
             "failed_documents": dg.MetadataValue.json(result.failed), **extra}
 
@@ -172,7 +172,7 @@ def _source_problems(store, doc_ids: list[str]) -> dict[str, str]:
 )
 def source_document(context: dg.AssetExecutionContext, index: IndexResource, inbox: InboxResource) -> dg.MaterializeResult:
     files = inbox.files()
-    paths = {key: files.get(key) for key in context.partition_keys}
+    paths = {key: files.get(key) for key in step_partition_keys(context)}
     settings = index.settings()
     store = index.extract_store()
     result = pipeline.load_sources(paths, inbox.root(), store, settings.index_version)
@@ -186,7 +186,7 @@ def source_document(context: dg.AssetExecutionContext, index: IndexResource, inb
         except (KeyError, TypeError, ValueError):
             pass
         extra[key] = own
-    hashes = stored_hashes(store, context.partition_keys)
+    hashes = stored_hashes(store, step_partition_keys(context))
     describe_partitions(context, result, "inbox file", extra, hashes)
     problems = _source_problems(store, result.done)
     return dg.MaterializeResult(
@@ -245,7 +245,7 @@ def document_chunks(context: dg.AssetExecutionContext, index: IndexResource, emb
             "sha256": own["content_hash"][0] if own.height else "",
             "preview": dg.MetadataValue.md(_preview(own)),
         }
-    hashes = stored_hashes(store, context.partition_keys)
+    hashes = stored_hashes(store, step_partition_keys(context))
     describe_partitions(context, result, pipeline.SOURCES, extra, hashes)
     frame = pl.concat(list(frames.values()), how="diagonal_relaxed") if frames else \
         pl.DataFrame(schema=pipeline.CHUNK_COLUMNS)
@@ -273,7 +273,7 @@ def chunk_vectors(context: dg.AssetExecutionContext, index: IndexResource, embed
     store, vectors, model = index.extract_store(), lancedb.get(), embedder.get()
     ready = with_output(context, store, pipeline.CHUNKS)
     result = pipeline.embed_documents(ready, store, model, vectors, ledger=index.ledger(), run_id=context.run.run_id)
-    hashes = stored_hashes(store, context.partition_keys)
+    hashes = stored_hashes(store, step_partition_keys(context))
     describe_partitions(context, result, pipeline.CHUNKS,
                         {d: {"model": model.model_name, "dimension": model.dimension} for d in result.done}, hashes)
     stored = vectors.vector_dimension()
@@ -313,7 +313,7 @@ def document_graph(context: dg.AssetExecutionContext, index: IndexResource, lanc
             "MATCH (c:Chunk) WHERE c.doc_id IN $ids AND NOT EXISTS { MATCH (c)-[:PART_OF]->(:Source) } "
             "RETURN count(c) AS n", {"ids": ready}
         )["n"][0] if ready else 0
-    hashes = stored_hashes(store, context.partition_keys)
+    hashes = stored_hashes(store, step_partition_keys(context))
     describe_partitions(context, result, pipeline.VECTORS, hashes=hashes)
     return dg.MaterializeResult(
         metadata=batch_metadata(context, result, graph_path=dg.MetadataValue.path(kuzu.graph_path())),

@@ -22,7 +22,7 @@ from assets.skeleton import _corpus_version, skeleton_selection
 from lexgraph.build import lexical, pipeline
 from lexgraph.build.corpus_index import LEXICAL_GRAPH, catalog_digest
 from lexgraph.ids import content_hash
-from orchestration.partitions import GRAPH_WRITER_POOL, batched, documents
+from orchestration.partitions import GRAPH_WRITER_POOL, batched, documents, step_partition_keys
 from resources import EmbedderResource, ExtractorResource, IndexResource, KuzuResource, LanceDBResource
 
 GROUP = CORPUS
@@ -40,7 +40,7 @@ def lexical_data_version(context: dg.AssetExecutionContext, key: dg.AssetKey, ha
     changed a document (the LLM on newly selected chunks) gives a new one."""
     code = context.assets_def.code_versions_by_key.get(key) or ""
     lines = [key.to_user_string(), code] + [
-        f"{doc}={hashes.get(doc) or '-'}:{_status(doc, result)}" for doc in sorted(context.partition_keys)]
+        f"{doc}={hashes.get(doc) or '-'}:{_status(doc, result)}" for doc in sorted(step_partition_keys(context))]
     return dg.DataVersion(content_hash("\n".join(lines)))
 
 
@@ -133,7 +133,7 @@ def chunk_extractions(context: dg.AssetExecutionContext, index: IndexResource,
                                 "after the LLM failed (see the extractions' error column)")
         # what the stored rows were actually made by (an LLM run extracts only the skeleton chunks with it)
         extra[doc_id] = extraction_provenance(store, pipeline.EXTRACTIONS, doc_id)
-    describe_partitions(context, result, pipeline.CHUNKS, extra, stored_hashes(store, context.partition_keys))
+    describe_partitions(context, result, pipeline.CHUNKS, extra, stored_hashes(store, step_partition_keys(context)))
     problems = _extraction_problems(store, result.done)
     return dg.MaterializeResult(
         # the run's extractors as configured; each partition's extractor / model / prompt_version say what its
@@ -144,7 +144,7 @@ def chunk_extractions(context: dg.AssetExecutionContext, index: IndexResource,
                                 skeleton_chunks_selected=len(skeleton), **_ledger_totals(index, context.run.run_id),
                                 **breaker_state),
         data_version=lexical_data_version(context, context.asset_key,
-                                          lexical.lexical_hashes(store, pipeline.EXTRACTIONS, context.partition_keys),
+                                          lexical.lexical_hashes(store, pipeline.EXTRACTIONS, step_partition_keys(context)),
                                           result),
         check_results=[dg.AssetCheckResult(check_name="every_chunk_has_an_extraction", passed=not problems,
                                            metadata={"documents_checked": len(result.done),
@@ -200,10 +200,10 @@ def lexical_tables(context: dg.AssetExecutionContext, index: IndexResource):
     store = index.extract_store()
     ready = with_output(context, store, pipeline.EXTRACTIONS)
     result = lexical.flatten_documents(ready, store)
-    versions = stored_hashes(store, context.partition_keys)  # each document's source version
+    versions = stored_hashes(store, step_partition_keys(context))  # each document's source version
     for asset, stages in TABLES.items():
         key = dg.AssetKey(asset)
-        for doc_id in context.partition_keys:
+        for doc_id in step_partition_keys(context):
             status = _status(doc_id, result)
             metadata: dict = {"status": status, "doc_id": doc_id, "failed_documents": dg.MetadataValue.json({})}
             if status == "done":
@@ -219,12 +219,12 @@ def lexical_tables(context: dg.AssetExecutionContext, index: IndexResource):
             else:
                 metadata["problem"] = "not processed: no chunk_extractions output (see the upstream failure)"
             context.add_asset_metadata(metadata, asset_key=key, partition_key=doc_id)
-        per_stage = {stage: lexical.lexical_hashes(store, stage, context.partition_keys) for stage in stages}
+        per_stage = {stage: lexical.lexical_hashes(store, stage, step_partition_keys(context)) for stage in stages}
         hashes = {doc: content_hash("|".join(per_stage[s][doc] or "-" for s in stages))
-                  if any(per_stage[s][doc] for s in stages) else None for doc in context.partition_keys}
+                  if any(per_stage[s][doc] for s in stages) else None for doc in step_partition_keys(context)}
         totals = {f"batch_{stage}": sum(result.figures[d][stage] for d in result.done) for stage in stages}
         yield dg.MaterializeResult(
-            asset_key=key, metadata={"batch_partitions": len(context.partition_keys),
+            asset_key=key, metadata={"batch_partitions": len(step_partition_keys(context)),
                                      "batch_documents": len(result.done), **totals,
                                      "failed_documents": dg.MetadataValue.json({})},
             data_version=lexical_data_version(context, key, hashes, result))

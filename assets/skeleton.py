@@ -18,7 +18,7 @@ from lexgraph.build import corpus_index as ci
 from lexgraph.build import pipeline
 from lexgraph.build.skeleton import skeleton_size
 from lexgraph.ids import content_hash
-from orchestration.partitions import GRAPH_WRITER_POOL, batched, documents
+from orchestration.partitions import GRAPH_WRITER_POOL, batched, documents, step_partition_keys
 from resources import EmbedderResource, IndexResource, KuzuResource, LanceDBResource
 
 GROUP = CORPUS
@@ -62,7 +62,7 @@ def document_keywords(context: dg.AssetExecutionContext, index: IndexResource,
     ready = with_output(context, store, pipeline.CHUNKS)
     result = pipeline.extract_document_keywords(ready, store, embedder.get(), ledger=index.ledger(),
                                                 run_id=context.run.run_id)
-    hashes = stored_hashes(store, context.partition_keys)
+    hashes = stored_hashes(store, step_partition_keys(context))
     describe_partitions(context, result, pipeline.CHUNKS, hashes=hashes)
     problems = _keyword_problems(store, ready)
     return dg.MaterializeResult(

@@ -43,6 +43,19 @@ def home(tmp_path) -> Path:
 
 @pytest.fixture
 def instance():
+    """The instance `lexgraph ingest` runs on without DAGSTER_HOME: Dagster's ephemeral (in-memory) one.
+    Runs on a persistent SQLite instance pay about twice the Dagster time per run (a connection and an engine
+    per event); the tests of what needs persistence (the sensors, the daemon, the production instance) make
+    their own with `sqlite_instance` or a DAGSTER_HOME."""
+    import dagster as dg
+
+    with dg.DagsterInstance.ephemeral() as inst:
+        yield inst
+
+
+@pytest.fixture
+def sqlite_instance():
+    """A persistent SQLite instance in a temporary DAGSTER_HOME, as `make dev` and the daemon use."""
     import dagster as dg
 
     with dg.instance_for_test() as inst:
@@ -62,7 +75,7 @@ def sample_home(tmp_path_factory) -> Path:
     from orchestration.runner import ingest_folder
 
     home = tmp_path_factory.mktemp("sample") / "index"
-    with dg.instance_for_test() as inst:
+    with dg.DagsterInstance.ephemeral() as inst:
         report = ingest_folder(SAMPLE_CORPUS, inst, home=str(home), progress=False)
     assert report.corpus_index_ok and not report.failed, report.failed
     return home

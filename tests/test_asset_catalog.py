@@ -43,7 +43,7 @@ def ingested(tmp_path_factory, monkeypatch_module):
     for name, text in DOCUMENTS.items():
         (inbox / name).write_text(text, encoding="utf-8")
     monkeypatch_module.setenv("LEXGRAPH_LLM_BACKOFF", "0")
-    with LLMTestServer(model=MODEL) as server, dg.instance_for_test() as instance:
+    with LLMTestServer(model=MODEL) as server, dg.DagsterInstance.ephemeral() as instance:
         settings = Settings.from_env(home=root / "index", inbox=inbox, llm_base_url=server.base_url,
                                      llm_model=MODEL, beta=0.5)
         report = ingest_folder(inbox, instance, settings=settings, progress=False)

@@ -161,7 +161,7 @@ base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 from orchestration.runner import ingest_folder
 from lexgraph.storage.vector_store import VectorStore
 from lexgraph.settings import Settings
-with dg.instance_for_test() as inst:
+with dg.DagsterInstance.ephemeral() as inst:
     report = ingest_folder({str(folder)!r}, inst, home={str(tmp_path / 'index')!r}, progress=False)
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 store = VectorStore(Settings.from_env(home={str(tmp_path / 'index')!r}).lance_uri)

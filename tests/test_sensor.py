@@ -3,6 +3,7 @@ import hashlib
 
 import dagster as dg
 import polars as pl
+import pytest
 
 from lexgraph.build.corpus_index import CorpusFiles, catalog_digest
 from lexgraph.inbox import ScanCache
@@ -12,6 +13,12 @@ from orchestration.reconcile import contiguous_batches
 from orchestration.runner import ingest_folder
 from orchestration.sensors import corpus_index_sensor, inbox_sensor, nightly_ingest, nightly_purge
 from tests.helpers import LogLines, graph_counts, stores
+
+
+@pytest.fixture
+def instance(sqlite_instance):
+    """Sensors and schedules tick in the daemon, on a persistent instance: these tests use one too."""
+    return sqlite_instance
 
 
 def _evaluate(defs, instance, cursor=None, sensor=inbox_sensor, lines=None):

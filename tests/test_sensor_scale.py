@@ -52,6 +52,12 @@ def _covered(result, keys: list[str]) -> list[str]:
 
 
 @pytest.fixture
+def instance(sqlite_instance):
+    """Sensors and schedules tick in the daemon, on a persistent instance: these tests use one too."""
+    return sqlite_instance
+
+
+@pytest.fixture
 def big_inbox(tmp_path) -> tuple[Path, list[Path]]:
     folder = tmp_path / "inbox"
     return folder, build_inbox(folder, FILES)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable, Iterable, Sequence
@@ -141,20 +142,42 @@ def _ledger_row(llm: Extractor, outcome: ExtractionOutcome, chunk: ChunkInput, r
             "attempts": 0 if cache_hit else outcome.attempts}
 
 
-def _row(chunk: ChunkInput, extraction: ChunkExtraction, extractor: str, model: str, prompt_version: str,
+def _extraction_json(extraction: ChunkExtraction) -> str:
+    return json.dumps(extraction.model_dump(mode="json"), ensure_ascii=False, sort_keys=True)
+
+
+def _row(chunk: ChunkInput, extraction: ChunkExtraction | str, extractor: str, model: str, prompt_version: str,
          extracted_at: datetime, in_skeleton: bool, outcome: str = "ok", error: str | None = None,
          cache_hit: bool = False, attempts: int = 0) -> dict:
+    """One extractions row; `extraction` as the model or as its JSON already."""
     return {"chunk_id": chunk.chunk_id, "doc_id": chunk.doc_id, "extractor": extractor, "model": model,
             "prompt_version": prompt_version, "extracted_at": extracted_at, "outcome": outcome, "error": error,
             "in_skeleton": in_skeleton, "cache_hit": cache_hit, "attempts": attempts,
-            "extraction": json.dumps(extraction.model_dump(mode="json"), ensure_ascii=False, sort_keys=True)}
+            "extraction": extraction if isinstance(extraction, str) else _extraction_json(extraction)}
 
 
-def _heuristic_row(heuristic: Extractor, chunk: ChunkInput, in_skeleton: bool, outcome: str = "ok",
-                   error: str | None = None, attempts: int = 0) -> dict:
-    result = heuristic.extract(chunk)
-    return _row(chunk, result.extraction, heuristic.name, heuristic.model, heuristic.prompt_version, _now(),
-                in_skeleton, outcome, error, attempts=attempts)
+class HeuristicRows:
+    """Extractions rows by the heuristic extractor, whose output depends on a chunk's text and headings
+    only: a text met again in the same run (page headers, signatures, a log's repeated lines, a file that
+    repeats itself) reuses the JSON of its first extraction. Bounded, oldest first out."""
+
+    def __init__(self, heuristic: Extractor, limit: int = 2048) -> None:
+        self.heuristic, self.limit = heuristic, limit
+        self._known: OrderedDict[tuple[str, str], str] = OrderedDict()
+
+    def row(self, chunk: ChunkInput, in_skeleton: bool, outcome: str = "ok", error: str | None = None,
+            attempts: int = 0) -> dict:
+        key = (chunk.text, chunk.heading_path)
+        extraction = self._known.get(key)
+        if extraction is None:
+            extraction = self._known[key] = _extraction_json(self.heuristic.extract(chunk).extraction)
+            if len(self._known) > self.limit:
+                self._known.popitem(last=False)
+        else:
+            self._known.move_to_end(key)
+        h = self.heuristic
+        return _row(chunk, extraction, h.name, h.model, h.prompt_version, _now(), in_skeleton, outcome, error,
+                    attempts=attempts)
 
 
 def extract_documents(doc_ids: Iterable[str], store: ExtractStore, skeleton: set[str], llm: Extractor | None,
@@ -172,6 +195,7 @@ def extract_documents(doc_ids: Iterable[str], store: ExtractStore, skeleton: set
     masking fails sends nothing. Figures per document: ExtractionTally."""
     result = StageResult()
     doc_ids = list(doc_ids)
+    heuristic_rows = HeuristicRows(heuristic)
     frames = {d: store.read(CHUNKS, d) for d in doc_ids}
     report.start("extracting", sum(f.height for f in frames.values()), "chunks")
     for doc_id, chunks in frames.items():
@@ -185,8 +209,8 @@ def extract_documents(doc_ids: Iterable[str], store: ExtractStore, skeleton: set
             in_skeleton = chunk.chunk_id in skeleton
             if llm is None or not in_skeleton or tally.not_sent:
                 outcome = "not sent: masking failed" if (llm is not None and in_skeleton and tally.not_sent) else "ok"
-                rows.append(_heuristic_row(heuristic, chunk, in_skeleton, outcome,
-                                           tally.not_sent if outcome != "ok" else None))
+                rows.append(heuristic_rows.row(chunk, in_skeleton, outcome,
+                                               tally.not_sent if outcome != "ok" else None))
                 tally.heuristic_chunks += 1
                 report.advance("extracting")
                 continue
@@ -229,8 +253,8 @@ def extract_documents(doc_ids: Iterable[str], store: ExtractStore, skeleton: set
                 if not is_refused(outcome.outcome):
                     tally.llm_failures += 1
                 tally.heuristic_chunks += 1
-                rows.append(_heuristic_row(heuristic, chunk, True, outcome.outcome, outcome.error or outcome.outcome,
-                                           attempts=outcome.attempts))
+                rows.append(heuristic_rows.row(chunk, True, outcome.outcome, outcome.error or outcome.outcome,
+                                               attempts=outcome.attempts))
             if not is_refused(outcome.outcome):
                 crash_point(EXTRACTION_CRASH_POINT)  # the call is in the ledger and (if it succeeded) the cache
             report.advance("extracting")

@@ -293,9 +293,13 @@ class Embedder:
             return embedder
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Word pieces of each text; a text repeated in the batch is tokenised once."""
         if not texts:
             return []
-        return [len(encoding.ids) for encoding in self.tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+        distinct = list(dict.fromkeys(texts))
+        encodings = self.tokenizer.encode_batch(distinct, add_special_tokens=False)
+        counts = {text: len(encoding.ids) for text, encoding in zip(distinct, encodings)}
+        return [counts[text] for text in texts]
 
     def token_spans(self, text: str) -> list[tuple[int, int]]:
         """Character span of each word piece, for cutting over-long text at token boundaries."""

@@ -194,14 +194,17 @@ def extract_keywords(chunks: Sequence[tuple[str, str]]) -> KeywordExtraction:
         if match.group()[0].islower()
     }
     sentence_index: dict[str, int] = {}
+    known: dict[str, list[str]] = {}  # a sentence's keywords, found once per document
     rows: list[tuple[str, str, int, int, int]] = []
     for chunk_id, text in chunks:
         for start, end in split_sentences(text):
             sentence = text[start:end]
-            keywords = sentence_keywords(sentence, lowercase_words)
+            keywords = known.get(sentence)
+            if keywords is None:
+                keywords = known[sentence] = sorted(sentence_keywords(sentence, lowercase_words))
             if keywords:
                 sentence_id = sentence_index.setdefault(sentence, len(sentence_index))
-                rows.extend((keyword, chunk_id, sentence_id, start, end) for keyword in sorted(keywords))
+                rows.extend((keyword, chunk_id, sentence_id, start, end) for keyword in keywords)
     occurrences = pl.DataFrame(rows, schema=OCCURRENCE_SCHEMA, orient="row")
     return KeywordExtraction(occurrences, list(sentence_index))
 
