@@ -34,14 +34,15 @@ def _keyword_problems(store, doc_ids: list[str]) -> dict[str, str]:
             problems[doc_id] = f"no {' or '.join(missing)} output"
             continue
         chunks = store.read(pipeline.CHUNKS, doc_id)
-        occurrences = store.read(pipeline.KEYWORDS, doc_id)
+        # distinct pairs, not every occurrence: a 50 MB document has millions of keyword rows
+        pairs = store.read(pipeline.KEYWORDS, doc_id, query=lambda rows: rows.select("chunk_id", "keyword").unique())
         stats = store.read(pipeline.KEYWORD_STATS, doc_id)
         has_words = chunks.height and chunks["text"].str.contains(r"[^\W\d_]{2,}").any()
-        if has_words and occurrences.height == 0:
+        if has_words and pairs.height == 0:
             problems[doc_id] = "its chunks have words but it has no keyword rows"
-        elif not set(occurrences["chunk_id"].to_list()) <= set(chunks["chunk_id"].to_list()):
+        elif pairs.join(chunks.select("chunk_id"), on="chunk_id", how="anti").height:
             problems[doc_id] = "keyword rows point at chunks that are not the document's"
-        elif set(occurrences["keyword"].to_list()) != set(stats["keyword"].to_list()):
+        elif set(pairs["keyword"].unique().to_list()) != set(stats["keyword"].to_list()):
             problems[doc_id] = "keyword stats do not match the keyword rows"
     return problems
 

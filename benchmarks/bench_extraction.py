@@ -104,7 +104,7 @@ def prepare_base(corpus: Path, work: Path, held_out: str, index_home: Path | Non
     home = _copy(index_home, work / "base") if index_home is not None else work / "base"
     settings = Settings.from_env(home=home, inbox=folder, beta=DEFAULT_BETA, llm_base_url="")  # heuristic only
     started = time.perf_counter()
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:  # what `lexgraph ingest` runs on
         report = ingest_folder(folder, instance, settings=settings, prune=True, progress=False)
         if report.failed or report.corpus_index_ok is False:
             raise SystemExit(f"base ingest failed: {report.failed or report.corpus_error}")
@@ -220,7 +220,7 @@ def measure(corpus: str | Path, work: str | Path, server, *, index_home: str | P
     folder, base, held = prepare_base(corpus, work, held_out, Path(index_home) if index_home else None, log)
     results: dict = {"documents": len(files), "held_out": held_out, "betas": []}
     add_settings = None
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:  # what `lexgraph ingest` runs on
         for beta in betas:
             figures, settings = measure_beta(base, folder, work, server, beta, instance, log)
             results["betas"].append(figures)

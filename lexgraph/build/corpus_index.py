@@ -228,15 +228,19 @@ class KnnResult:
         return self.edge_rows.frame() if self.edge_rows is not None else pl.DataFrame(schema=EDGE_SCHEMA)
 
 
+def _distinct_chunk_words(occurrences: pl.LazyFrame) -> pl.LazyFrame:
+    return occurrences.select("chunk_id", "keyword").unique()
+
+
 def chunk_words(store: ExtractStore, chunks: pl.DataFrame) -> pl.DataFrame:
     """Each chunk's distinct keywords (content words and proper-noun phrases), for the lexical kind.
 
     chunks: chunk_id, doc_id; only those documents' keyword files are read."""
     wanted = chunks.select("chunk_id")
-    frames = [store.read(KEYWORDS, d).select("chunk_id", "keyword")
+    frames = [store.read(KEYWORDS, d, query=_distinct_chunk_words)
               for d in chunks["doc_id"].unique().sort().to_list() if store.exists(KEYWORDS, d)]
     if frames:
-        words = (pl.concat(frames).unique().group_by("chunk_id").agg(pl.col("keyword").sort().alias("words")))
+        words = (pl.concat(frames).group_by("chunk_id").agg(pl.col("keyword").sort().alias("words")))
         wanted = wanted.join(words, on="chunk_id", how="left")
     else:
         wanted = wanted.with_columns(pl.lit(None, dtype=pl.List(pl.String)).alias("words"))
@@ -1126,7 +1130,8 @@ def _keyword_listing(included: dict[str, str], link_counts: dict[str, int]) -> d
 
 def keyword_chunk_links(store: ExtractStore, doc_ids: list[str]) -> pl.DataFrame:
     """keyword→chunk edges of the given documents (keyword, chunk_id, sentence_count)."""
-    frames = [kw.keyword_chunk_edges(store.read(KEYWORDS, d)) for d in doc_ids if store.exists(KEYWORDS, d)]
+    frames = [store.read(KEYWORDS, d, query=kw.keyword_chunk_edges_query)
+              for d in doc_ids if store.exists(KEYWORDS, d)]
     return pl.concat(frames) if frames else pl.DataFrame(
         schema={"keyword": pl.String, "chunk_id": pl.String, "sentence_count": pl.Int32})
 

@@ -211,8 +211,13 @@ def extract_keywords(chunks: Sequence[tuple[str, str]]) -> KeywordExtraction:
 
 def keyword_chunk_edges(occurrences: pl.DataFrame) -> pl.DataFrame:
     """keyword→chunk edges with the number of the chunk's sentences holding the keyword."""
+    return keyword_chunk_edges_query(occurrences.lazy()).collect()
+
+
+def keyword_chunk_edges_query(occurrences: pl.LazyFrame) -> pl.LazyFrame:
+    """keyword_chunk_edges as a query, for a scan that reads only the two columns it needs."""
     return (
-        occurrences.group_by("keyword", "chunk_id")
+        occurrences.select("keyword", "chunk_id").group_by("keyword", "chunk_id")
         .agg(pl.len().cast(pl.Int32).alias("sentence_count"))
         .sort("keyword", "chunk_id")
     )
