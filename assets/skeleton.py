@@ -17,6 +17,7 @@ from assets.documents import (batch_metadata, data_version, describe_partitions,
 from lexgraph.build import corpus_index as ci
 from lexgraph.build import pipeline
 from lexgraph.build.skeleton import skeleton_size
+from lexgraph.extract.keywords import chunk_keyword_pairs_query
 from lexgraph.ids import content_hash
 from orchestration.partitions import GRAPH_WRITER_POOL, batched, documents, step_partition_keys
 from resources import EmbedderResource, IndexResource, KuzuResource, LanceDBResource
@@ -35,7 +36,7 @@ def _keyword_problems(store, doc_ids: list[str]) -> dict[str, str]:
             continue
         chunks = store.read(pipeline.CHUNKS, doc_id)
         # distinct pairs, not every occurrence: a 50 MB document has millions of keyword rows
-        pairs = store.read(pipeline.KEYWORDS, doc_id, query=lambda rows: rows.select("chunk_id", "keyword").unique())
+        pairs = store.read(pipeline.KEYWORDS, doc_id, query=chunk_keyword_pairs_query)
         stats = store.read(pipeline.KEYWORD_STATS, doc_id)
         has_words = chunks.height and chunks["text"].str.contains(r"[^\W\d_]{2,}").any()
         if has_words and pairs.height == 0:

@@ -228,16 +228,12 @@ class KnnResult:
         return self.edge_rows.frame() if self.edge_rows is not None else pl.DataFrame(schema=EDGE_SCHEMA)
 
 
-def _distinct_chunk_words(occurrences: pl.LazyFrame) -> pl.LazyFrame:
-    return occurrences.select("chunk_id", "keyword").unique()
-
-
 def chunk_words(store: ExtractStore, chunks: pl.DataFrame) -> pl.DataFrame:
     """Each chunk's distinct keywords (content words and proper-noun phrases), for the lexical kind.
 
     chunks: chunk_id, doc_id; only those documents' keyword files are read."""
     wanted = chunks.select("chunk_id")
-    frames = [store.read(KEYWORDS, d, query=_distinct_chunk_words)
+    frames = [store.read(KEYWORDS, d, query=kw.chunk_keyword_pairs_query)
               for d in chunks["doc_id"].unique().sort().to_list() if store.exists(KEYWORDS, d)]
     if frames:
         words = (pl.concat(frames).group_by("chunk_id").agg(pl.col("keyword").sort().alias("words")))

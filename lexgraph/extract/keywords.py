@@ -214,6 +214,11 @@ def keyword_chunk_edges(occurrences: pl.DataFrame) -> pl.DataFrame:
     return keyword_chunk_edges_query(occurrences.lazy()).collect()
 
 
+def chunk_keyword_pairs_query(occurrences: pl.LazyFrame) -> pl.LazyFrame:
+    """The distinct (chunk_id, keyword) pairs of a scan of keyword occurrences."""
+    return occurrences.select("chunk_id", "keyword").unique()
+
+
 def keyword_chunk_edges_query(occurrences: pl.LazyFrame) -> pl.LazyFrame:
     """keyword_chunk_edges as a query, for a scan that reads only the two columns it needs."""
     return (
