@@ -275,3 +275,30 @@ def test_purge_leaves_a_removal_event_in_each_assets_history(tiny_corpus, home, 
         assert meta["removed"] is True and meta["doc_id"] == gamma
         assert meta["sha256"] == removed_version  # which version of the document went
         assert meta["reason"] == f"file left the inbox ({tiny_corpus / 'gamma.md'})"
+
+
+def test_the_keyword_check_names_each_fault_of_a_documents_keyword_rows(tmp_path):
+    """document_keywords' check reads the distinct (chunk, keyword) pairs of each keyword file: each fault
+    below makes it fail with its own message, and the same files without the fault pass."""
+    from assets.skeleton import _keyword_problems
+    from lexgraph.storage.extract_store import ExtractStore
+
+    store = ExtractStore(tmp_path)
+    chunks = pl.DataFrame({"chunk_id": ["d-c0", "d-c1"], "text": ["Oslo is cold.", "Bergen is wet."]})
+    rows = pl.DataFrame({"keyword": ["oslo", "oslo", "bergen"], "chunk_id": ["d-c0", "d-c0", "d-c1"],
+                         "sentence_id": [0, 0, 1], "char_start": [0, 0, 0], "char_end": [13, 13, 14]},
+                        schema_overrides={"sentence_id": pl.Int32, "char_start": pl.Int32, "char_end": pl.Int32})
+    stats = pl.DataFrame({"keyword": ["bergen", "oslo"]})
+
+    def problem(keyword_rows, keyword_stats):
+        store.write(pipeline.CHUNKS, "d", chunks)
+        store.write(pipeline.KEYWORDS, "d", keyword_rows)
+        store.write(pipeline.KEYWORD_STATS, "d", keyword_stats)
+        return _keyword_problems(store, ["d"]).get("d")
+
+    assert problem(rows, stats) is None
+    assert problem(rows.head(0), stats.head(0)) == "its chunks have words but it has no keyword rows"
+    foreign = rows.with_columns(pl.when(pl.col("keyword") == "bergen").then(pl.lit("other-c9"))
+                                .otherwise(pl.col("chunk_id")).alias("chunk_id"))
+    assert problem(foreign, stats) == "keyword rows point at chunks that are not the document's"
+    assert problem(rows, stats.head(1)) == "keyword stats do not match the keyword rows"

@@ -8,7 +8,7 @@ import pytest
 from lexgraph.extract.keywords import (
     empty_keyword_index,
     extract_keywords,
-    keyword_chunk_edges,
+    keyword_chunk_edges_query,
     keyword_stats,
     keyword_vectors,
     sentence_keywords,
@@ -64,7 +64,7 @@ def test_extraction_gives_occurrences_with_offsets_and_distinct_sentences():
     for row in occurrences.iter_rows(named=True):
         text = dict(chunks)[row["chunk_id"]]
         assert text[row["char_start"] : row["char_end"]] == result.sentences[row["sentence_id"]]
-    edges = keyword_chunk_edges(occurrences)
+    edges = keyword_chunk_edges_query(occurrences.lazy()).collect()
     assert edges.filter(pl.col("keyword") == "oslo").rows() == [("oslo", "c1", 2), ("oslo", "c2", 1)]
     with pytest.raises(ValueError, match="unique"):
         extract_keywords([("c1", "a"), ("c1", "b")])

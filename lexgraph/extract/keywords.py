@@ -193,25 +193,21 @@ def extract_keywords(chunks: Sequence[tuple[str, str]]) -> KeywordExtraction:
         for match in _TOKEN.finditer(text)
         if match.group()[0].islower()
     }
-    sentence_index: dict[str, int] = {}
-    known: dict[str, list[str]] = {}  # a sentence's keywords, found once per document
+    sentences: list[str] = []  # the distinct sentences holding a keyword, in order of first meeting
+    known: dict[str, tuple[list[str], int]] = {}  # a sentence's keywords and id, found once per document
     rows: list[tuple[str, str, int, int, int]] = []
     for chunk_id, text in chunks:
         for start, end in split_sentences(text):
             sentence = text[start:end]
-            keywords = known.get(sentence)
-            if keywords is None:
-                keywords = known[sentence] = sorted(sentence_keywords(sentence, lowercase_words))
-            if keywords:
-                sentence_id = sentence_index.setdefault(sentence, len(sentence_index))
-                rows.extend((keyword, chunk_id, sentence_id, start, end) for keyword in keywords)
+            if sentence not in known:
+                keywords = sorted(sentence_keywords(sentence, lowercase_words))
+                known[sentence] = (keywords, len(sentences) if keywords else -1)
+                if keywords:
+                    sentences.append(sentence)
+            keywords, sentence_id = known[sentence]
+            rows.extend((keyword, chunk_id, sentence_id, start, end) for keyword in keywords)
     occurrences = pl.DataFrame(rows, schema=OCCURRENCE_SCHEMA, orient="row")
-    return KeywordExtraction(occurrences, list(sentence_index))
-
-
-def keyword_chunk_edges(occurrences: pl.DataFrame) -> pl.DataFrame:
-    """keyword→chunk edges with the number of the chunk's sentences holding the keyword."""
-    return keyword_chunk_edges_query(occurrences.lazy()).collect()
+    return KeywordExtraction(occurrences, sentences)
 
 
 def chunk_keyword_pairs_query(occurrences: pl.LazyFrame) -> pl.LazyFrame:
@@ -220,7 +216,8 @@ def chunk_keyword_pairs_query(occurrences: pl.LazyFrame) -> pl.LazyFrame:
 
 
 def keyword_chunk_edges_query(occurrences: pl.LazyFrame) -> pl.LazyFrame:
-    """keyword_chunk_edges as a query, for a scan that reads only the two columns it needs."""
+    """keyword→chunk edges with the number of the chunk's sentences holding the keyword; a query, so a scan
+    of a keywords file reads only the two columns it needs."""
     return (
         occurrences.select("keyword", "chunk_id").group_by("keyword", "chunk_id")
         .agg(pl.len().cast(pl.Int32).alias("sentence_count"))
