@@ -457,6 +457,10 @@ class StageBar:
         self.done += n
         self.bar.set_description_str(self._description(), refresh=False)
         self.bar.update(n)
+        if self.done >= self.total:
+            # tqdm skips a state drawn within `mininterval` of the last: a stage's end must still show,
+            # or a fast stage stays on screen as unfinished (`embedding 202/798`) while the next one runs
+            self.bar.refresh()
 
     def close(self) -> None:
         if self.bar is not None:

@@ -67,15 +67,35 @@ def copy_corpus(target: Path) -> Path:
     return target
 
 
-@pytest.fixture(scope="session")
-def sample_home(tmp_path_factory) -> Path:
-    """The sample corpus ingested once through Dagster, for tests that only read an index (queries)."""
+def _build_sample_index(home: Path) -> None:
     import dagster as dg
 
     from orchestration.runner import ingest_folder
 
-    home = tmp_path_factory.mktemp("sample") / "index"
     with dg.DagsterInstance.ephemeral() as inst:
         report = ingest_folder(SAMPLE_CORPUS, inst, home=str(home), progress=False)
     assert report.corpus_index_ok and not report.failed, report.failed
+
+
+@pytest.fixture(scope="session")
+def sample_home(tmp_path_factory, worker_id) -> Path:
+    """The sample corpus ingested once through Dagster, for tests that only read an index (queries).
+
+    Under xdist the workers share one build (about 20 s of a 2-core run) in the run's common temporary
+    folder, under a file lock; each worker reads a copy of its own, since tests write query logs and
+    audit pages under the home."""
+    home = tmp_path_factory.mktemp("sample") / "index"
+    if worker_id == "master":
+        _build_sample_index(home)
+        return home
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent / "sample-index"
+    built = shared.with_suffix(".built")
+    with FileLock(str(shared) + ".lock"):
+        if not built.exists():
+            shutil.rmtree(shared, ignore_errors=True)  # a build cut off by a failure: start again
+            _build_sample_index(shared)
+            built.touch()
+    shutil.copytree(shared, home)
     return home

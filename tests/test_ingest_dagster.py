@@ -221,6 +221,22 @@ def test_a_single_large_file_shows_progress_within_its_run(tmp_path, home, embed
     assert "graph 0/1 documents" in err and "corpus index" in err
 
 
+def test_the_bar_shows_each_stage_finished_however_fast_it_ran(capsys):
+    from orchestration.runner import StageBar
+
+    bar = StageBar(runs=1)
+    bar.start("reading", 1, "documents")
+    bar.advance("reading", 1)
+    bar.start("embedding", 798, "chunks")
+    bar.advance("embedding", 202)  # within tqdm's 0.2 s of the stage's first state: not drawn by itself
+    bar.advance("embedding", 596)
+    bar.start("keywords", 5, "sentences")
+    bar.close()
+    err = capsys.readouterr().err
+    assert "reading 1/1 documents" in err and "embedding 798/798 chunks" in err, err
+    assert "embedding 202/798" not in err  # a middle state within the interval stays undrawn
+
+
 def test_quiet_ingest_prints_nothing_on_stderr(tiny_corpus, home, embedder, capfd):
     from orchestration.cli import main
 
