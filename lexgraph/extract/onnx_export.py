@@ -218,10 +218,11 @@ def _session(path: Path):
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
-    # Idle intra-op threads would spin on a core instead of sleeping: with two embedding processes on two
-    # cores (the tests' two workers, a multi-process executor) each spins on the core the other needs.
-    # Two sample-corpus ingests at once: 39.1 s -> 34.7 s; one alone: 22.5 s -> 21.9 s (docs/BENCHMARKS.md).
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # After a run, idle intra-op threads would spin on a core before they sleep: with two embedding processes
+    # on two cores (the tests' two workers, a multi-process executor) each spins on the core the other needs.
+    # Stopping the spin after each run, not within one, keeps a query's latency (no spinning at all: 1.6x);
+    # figures in docs/BENCHMARKS.md, issue 11 round 10.
+    options.add_session_config_entry("session.force_spinning_stop", "1")
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
