@@ -10,6 +10,11 @@ SHARED ?= ../shared
 
 .PHONY: install demo test dev dev-prod bench bench-musique bench-router bench-ingest bench-scale bench-incremental bench-extraction bench-serve bench-sensor bench-embedder bench-query-scale clean
 
+# The project's modules compiled ahead (compileall skips those up to date): where PYTHONDONTWRITEBYTECODE is set,
+# as on these CI machines, every process compiled them from source again, 0.4-0.8 s of a `lexgraph ingest`
+# (docs/BENCHMARKS.md, round 11). A module edited later is compiled in memory until the next make.
+BYTECODE = $(BIN)/python -m compileall -q -j 0 lexgraph orchestration assets resources benchmarks deploy >/dev/null
+
 # torch is installed first and pinned: the local CPU build; an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
@@ -17,6 +22,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
+	$(BYTECODE)
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -26,6 +32,7 @@ $(DAGSTER_HOME)/dagster.yaml: orchestration/dagster.yaml
 	cp orchestration/dagster.yaml $@
 
 demo: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
+	@$(BYTECODE)
 	$(BIN)/lexgraph ingest sample/corpus
 	$(BIN)/lexgraph status
 	$(BIN)/lexgraph search "Who is the CEO of the engine supplier Kestrel?" -k 3
@@ -33,6 +40,7 @@ demo: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 # two workers (pytest-xdist), one test file per worker at a time: most tests wait on Dagster runs and
 # subprocesses, so two at once cut the wall time on 2 cores by a third (984 s → 666 s, measured 2026-11-30)
 test: $(STAMP)
+	@$(BYTECODE)
 	$(BIN)/pytest -q -n 2 --dist loadfile
 
 dev: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
@@ -68,6 +76,7 @@ bench-ingest: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_ingest --corpus $(SHARED)/datasets/lihua-world/LiHuaWorld.zip
 
 bench-scale: $(STAMP)
+	@$(BYTECODE)
 	$(BIN)/python -m benchmarks.bench_scale
 
 bench-incremental: $(STAMP)
