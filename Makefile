@@ -11,8 +11,9 @@ SHARED ?= ../shared
 .PHONY: install demo test dev dev-prod bench bench-musique bench-router bench-ingest bench-scale bench-incremental bench-extraction bench-serve bench-sensor bench-embedder bench-query-scale clean
 
 # The project's modules compiled ahead (compileall skips those up to date): where PYTHONDONTWRITEBYTECODE is set,
-# as on these CI machines, every process compiled them from source again, 0.4-0.8 s of a `lexgraph ingest`
-# (docs/BENCHMARKS.md, round 11). A module edited later is compiled in memory until the next make.
+# as on these machines, every process compiled them from source again, 0.7 s of a no-change `lexgraph ingest`
+# of the 100k bench index (docs/BENCHMARKS.md, round 11). A module edited later is compiled in memory until the
+# next make.
 BYTECODE = $(BIN)/python -m compileall -q -j 0 lexgraph orchestration assets resources benchmarks deploy >/dev/null
 
 # torch is installed first and pinned: the local CPU build; an unpinned torch pulls a multi-GB CUDA build.
@@ -44,6 +45,7 @@ test: $(STAMP)
 	$(BIN)/pytest -q -n 2 --dist loadfile
 
 dev: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
+	@$(BYTECODE)
 	LEXGRAPH_INBOX=$${LEXGRAPH_INBOX:-sample/corpus} $(BIN)/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
 # The production instance (orchestration/dagster.prod.yaml): Dagster's storage in PostgreSQL, the queued run
@@ -60,6 +62,7 @@ dev-prod: $(STAMP) $(DAGSTER_PROD_HOME)/dagster.yaml
 	@: "$${DAGSTER_PG_HOST:?is not set (make dev-prod)}" "$${DAGSTER_PG_USER:?is not set (make dev-prod)}" \
 	   "$${DAGSTER_PG_PASSWORD?is not set (make dev-prod; empty for a server that needs none)}" \
 	   "$${DAGSTER_PG_DB:?is not set (make dev-prod)}"
+	@$(BYTECODE)
 	DAGSTER_HOME=$(DAGSTER_PROD_HOME) DAGSTER_PG_PORT=$${DAGSTER_PG_PORT:-5432} \
 	  LEXGRAPH_INBOX=$${LEXGRAPH_INBOX:-sample/corpus} $(BIN)/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
