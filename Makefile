@@ -8,13 +8,7 @@ export LEXGRAPH_HOME ?= $(CURDIR)/.lexgraph
 export HF_HUB_OFFLINE := 1
 SHARED ?= ../shared
 
-.PHONY: install demo test dev dev-prod bench bench-musique bench-router bench-ingest bench-scale bench-incremental bench-extraction bench-serve bench-sensor bench-embedder bench-query-scale clean
-
-# The project's modules compiled ahead (compileall skips those up to date): where PYTHONDONTWRITEBYTECODE is set,
-# as on these machines, every process compiled them from source again, 0.7 s of a no-change `lexgraph ingest`
-# of the 100k bench index (docs/BENCHMARKS.md, round 11). A module edited later is compiled in memory until the
-# next make.
-BYTECODE = $(BIN)/python -m compileall -q -j 0 lexgraph orchestration assets resources benchmarks deploy >/dev/null
+.PHONY: install bytecode demo test dev dev-prod bench bench-musique bench-router bench-ingest bench-scale bench-incremental bench-extraction bench-serve bench-sensor bench-embedder bench-query-scale clean
 
 # torch is installed first and pinned: the local CPU build; an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -23,29 +17,32 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
-	$(BYTECODE)
 	touch $(STAMP)
 
-install: $(STAMP)
+install: bytecode
+
+# The project's modules compiled ahead (compileall skips those up to date): where PYTHONDONTWRITEBYTECODE is set,
+# as on these machines, every process compiled them from source again, 0.7 s of a no-change `lexgraph ingest`
+# of the 100k bench index (docs/BENCHMARKS.md, round 11). A module edited later is compiled in memory until the
+# next make.
+bytecode: $(STAMP)
+	@$(BIN)/python -m compileall -q -j 0 lexgraph orchestration assets resources benchmarks deploy >/dev/null
 
 $(DAGSTER_HOME)/dagster.yaml: orchestration/dagster.yaml
 	mkdir -p $(DAGSTER_HOME)
 	cp orchestration/dagster.yaml $@
 
-demo: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
-	@$(BYTECODE)
+demo: bytecode $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/lexgraph ingest sample/corpus
 	$(BIN)/lexgraph status
 	$(BIN)/lexgraph search "Who is the CEO of the engine supplier Kestrel?" -k 3
 
 # two workers (pytest-xdist), one test file per worker at a time: most tests wait on Dagster runs and
 # subprocesses, so two at once cut the wall time on 2 cores by a third (984 s → 666 s, measured 2026-11-30)
-test: $(STAMP)
-	@$(BYTECODE)
+test: bytecode
 	$(BIN)/pytest -q -n 2 --dist loadfile
 
-dev: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
-	@$(BYTECODE)
+dev: bytecode $(DAGSTER_HOME)/dagster.yaml
 	LEXGRAPH_INBOX=$${LEXGRAPH_INBOX:-sample/corpus} $(BIN)/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
 # The production instance (orchestration/dagster.prod.yaml): Dagster's storage in PostgreSQL, the queued run
@@ -58,11 +55,10 @@ $(DAGSTER_PROD_HOME)/dagster.yaml: orchestration/dagster.prod.yaml
 	mkdir -p $(DAGSTER_PROD_HOME)
 	cp orchestration/dagster.prod.yaml $@
 
-dev-prod: $(STAMP) $(DAGSTER_PROD_HOME)/dagster.yaml
+dev-prod: bytecode $(DAGSTER_PROD_HOME)/dagster.yaml
 	@: "$${DAGSTER_PG_HOST:?is not set (make dev-prod)}" "$${DAGSTER_PG_USER:?is not set (make dev-prod)}" \
 	   "$${DAGSTER_PG_PASSWORD?is not set (make dev-prod; empty for a server that needs none)}" \
 	   "$${DAGSTER_PG_DB:?is not set (make dev-prod)}"
-	@$(BYTECODE)
 	DAGSTER_HOME=$(DAGSTER_PROD_HOME) DAGSTER_PG_PORT=$${DAGSTER_PG_PORT:-5432} \
 	  LEXGRAPH_INBOX=$${LEXGRAPH_INBOX:-sample/corpus} $(BIN)/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
@@ -78,8 +74,7 @@ bench-router: $(STAMP)
 bench-ingest: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_ingest --corpus $(SHARED)/datasets/lihua-world/LiHuaWorld.zip
 
-bench-scale: $(STAMP)
-	@$(BYTECODE)
+bench-scale: bytecode
 	$(BIN)/python -m benchmarks.bench_scale
 
 bench-incremental: $(STAMP)
