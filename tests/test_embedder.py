@@ -165,3 +165,22 @@ def test_an_ingest_embeds_the_statements_that_repeat_keyword_sentences_once(tiny
     rows = pl.from_arrow(VectorStore(Settings.from_env(home=home).lance_uri).db.open_table("statements").to_arrow())
     alone = embedder.embed(rows["text"].to_list())
     assert all(agree(embedder, mine, lone) for mine, lone in zip(rows["vector"].to_numpy(), alone))
+
+
+def test_long_texts_go_to_the_model_in_batches_within_the_token_budget(embedder, corpus_text, monkeypatch):
+    """Chunk-length texts are split into calls of at most BATCH_TOKEN_BUDGET padded word pieces, short ones
+    still batch_size at a time, and every vector is the one the text gets alone."""
+    from lexgraph.extract.embedder import BATCH_TOKEN_BUDGET
+
+    long = [first_pieces(embedder, corpus_text[i * 40:], 200) for i in range(20)]
+    short = [f"note {i} on the harbour" for i in range(100)]
+    calls: list[list[str]] = []
+    encode = embedder._encode_batch
+    monkeypatch.setattr(embedder, "_encode_batch", lambda batch: calls.append(batch) or encode(batch))
+    vectors = embedder.embed(long + short)
+    pieces = [max(embedder.count_tokens(batch)) + 2 for batch in calls]
+    assert all(len(batch) * n <= BATCH_TOKEN_BUDGET for batch, n in zip(calls, pieces) if len(batch) > 1)
+    # 20 texts of 200 word pieces: two calls of 10; then the 100 short ones, batch_size (64) a call
+    assert [len(batch) for batch in calls] == [BATCH_TOKEN_BUDGET // 202] * 2 + [embedder.batch_size, 36]
+    alone = np.stack([encode([text])[0] for text in long[:3] + short[:3]])
+    assert all(agree(embedder, a, b) for a, b in zip(vectors[[0, 1, 2, 20, 21, 22]], alone))

@@ -35,6 +35,9 @@ _CACHE_LOCK = threading.Lock()
 # document's statements are, with the LLM-free extractor, its keyword sentences again, embedded minutes earlier in
 # the same ingest (100 of 100 for a synthetic 20-chunk document, 1.2 s of its add at 100k chunks).
 RECENT_VECTOR_BYTES = 64 << 20
+# Padded word pieces per model call (batch rows x its longest text); see Embedder._batches.
+BATCH_TOKEN_BUDGET = 2048
+
 _reuse_scope: object | None = None  # the open reusing_recent_vectors() block, None outside one
 _reuse_depth = 0
 
@@ -387,12 +390,22 @@ class Embedder:
         for memory fails at once; vectors come back in the order of texts."""
         order = np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable")
         vectors = np.zeros((len(texts), self.dimension), dtype=np.float32)
-        for start in range(0, len(texts), self.batch_size):
-            rows = order[start : start + self.batch_size]
+        for rows in self._batches(order, lengths):
             vectors[rows] = self._encode_batch([texts[i] for i in rows])
             if progress:
                 progress(len(rows))
         return vectors
+
+    def _batches(self, order: np.ndarray, lengths: list[int]) -> Iterator[np.ndarray]:
+        """At most batch_size texts a call, and at most BATCH_TOKEN_BUDGET padded word pieces: on 2 CPU cores
+        one call of 64 chunk-length texts ran at 0.56-0.96x the speed of calls of ~2,048 padded pieces
+        (docs/BENCHMARKS.md, round 12); short texts (keyword sentences) still go 64 at a time."""
+        start = 0
+        while start < len(order):
+            padded = lengths[order[start]] + 2  # the longest left, with [CLS] and [SEP]
+            size = max(1, min(self.batch_size, BATCH_TOKEN_BUDGET // padded))
+            yield order[start : start + size]
+            start += size
 
     def _encode_batch(self, batch: list[str]) -> np.ndarray:
         if self.session is None:
