@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import onnx
 import pytest
 
 from lexgraph import progress
@@ -92,6 +93,16 @@ def test_damaged_cached_export_is_detected_and_rebuilt(torch_embedder, tmp_path,
     assert onnx_export.check_entry(entry) == ""
     probes = json.loads((entry / "manifest.json").read_text())["probe_cosine"]
     assert probes["model.onnx"] >= 0.9999 and probes["model_int8.onnx"] >= 0.98
+    # the float graph runs onnxruntime's fused attention (the faster graph), the int8 one is the traced graph's
+    assert sorted(entry.iterdir()) == sorted(entry / name for name in [*onnx_export.MODEL_FILES, "manifest.json"])
+    ops = {name: {node.op_type for node in onnx.load(entry / name).graph.node} for name in onnx_export.MODEL_FILES}
+    assert {"Attention", "EmbedLayerNormalization"} <= ops["model.onnx"] and "Softmax" not in ops["model.onnx"]
+    assert "Attention" not in ops["model_int8.onnx"]
+    # the torch model still embeds with the attention it was loaded with, not the plain one used for the trace
+    from sentence_transformers import SentenceTransformer
+
+    loaded = SentenceTransformer(model_path, device="cpu")[0].auto_model.config._attn_implementation
+    assert torch_embedder.model[0].auto_model.config._attn_implementation == loaded != "eager"
 
     model_file = entry / onnx_export.INT8_FILE
     model_file.write_bytes(model_file.read_bytes()[:1000])  # a torn write

@@ -1,6 +1,7 @@
 """The embedder's onnx backends: the bundled model exported to ONNX once, offline, with its mean pooling
-and normalisation inside the graph ("onnx", float32), and that graph int8 dynamically quantised
-("onnx-int8"), both run by onnxruntime and cached on disk.
+and normalisation inside the graph ("onnx", float32, its attention and embedding layers fused into
+onnxruntime's own operators), and the traced graph int8 dynamically quantised ("onnx-int8"), both run by
+onnxruntime and cached on disk.
 
 An export is written to a temporary folder beside the cache entry and renamed into place, so a
 killed export never leaves a half-written model that looks finished. Each entry has a manifest with
@@ -24,8 +25,9 @@ import numpy as np
 from lexgraph.atomic_json import write_json
 
 # Bump when the exported graph or the quantisation changes, so old cache entries are not reused.
-EXPORT_RECIPE = "2"
+EXPORT_RECIPE = "3"
 FP32_FILE, INT8_FILE, MANIFEST = "model.onnx", "model_int8.onnx", "manifest.json"
+TRACED_FILE = "traced.onnx"  # the export before fusion, quantised to INT8_FILE; not kept
 MEMO_FILE = "sha256-memo.json"  # in the cache folder: size, time and sha256 of each file hashed before
 MODEL_FILES = (FP32_FILE, INT8_FILE)
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -139,10 +141,12 @@ def export_entry(model, entry: Path) -> None:
     entry.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
     try:
-        _export_fp32(model, work / FP32_FILE)
+        _export_fp32(model, work / TRACED_FILE)
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        quantize_dynamic(str(work / FP32_FILE), str(work / INT8_FILE), weight_type=QuantType.QInt8, per_channel=True)
+        quantize_dynamic(str(work / TRACED_FILE), str(work / INT8_FILE), weight_type=QuantType.QInt8, per_channel=True)
+        _fuse(work / TRACED_FILE, work / FP32_FILE, list(model)[0].auto_model.config)
+        (work / TRACED_FILE).unlink()
         cosines = {name: _probe_cosine(model, _session(work / name)) for name in MODEL_FILES}
         for name, cosine in cosines.items():
             if cosine < MIN_PROBE_COSINE:
@@ -179,17 +183,36 @@ def _export_fp32(model, path: Path) -> None:
     pooling = getattr(modules[1], "pooling_mode", None) if len(modules) > 1 else None
     if pooling not in (None, "mean"):
         raise OnnxExportError(f"only mean-pooled models export to onnx-int8, this one pools by {pooling!r}")
-    wrapper = _mean_pooled_class()(modules[0].auto_model).eval()
+    transformer = modules[0].auto_model
+    wrapper = _mean_pooled_class()(transformer).eval()
     # Texts of two lengths, so the traced graph applies the attention mask to padding (a sample without
     # padding lets transformers skip the mask, and the trace would keep that shortcut).
     sample = model.tokenizer(["an example sentence", "a second, longer example sentence"], padding=True,
                              return_tensors="pt")
     axes = {name: {0: "batch", 1: "tokens"} for name in INPUTS}
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # tracer notes about constants that are constant for this model
-        torch.onnx.export(wrapper, tuple(sample[name] for name in INPUTS), str(path), input_names=list(INPUTS),
-                          output_names=["embedding"], dynamic_axes=axes | {"embedding": {0: "batch"}},
-                          opset_version=17, dynamo=False)
+    # Traced with the plain ("eager") attention: onnxruntime's optimizer recognises its pattern and fuses it
+    # into one Attention operator, which it cannot do with the scaled-dot-product kernel torch uses by default.
+    attention = transformer.config._attn_implementation
+    transformer.set_attn_implementation("eager")
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # tracer notes about constants that are constant for this model
+            torch.onnx.export(wrapper, tuple(sample[name] for name in INPUTS), str(path), input_names=list(INPUTS),
+                              output_names=["embedding"], dynamic_axes=axes | {"embedding": {0: "batch"}},
+                              opset_version=17, dynamo=False)
+    finally:
+        transformer.set_attn_implementation(attention)  # the torch model embeds as before
+
+
+def _fuse(traced: Path, path: Path, config) -> None:
+    """The traced BERT graph with its attention, embedding, layer-norm and GELU subgraphs replaced by
+    onnxruntime's fused operators (vectors equal to cosine 0.999999; 0.78-0.95x the time, docs/BENCHMARKS.md
+    issue 11 round 13). No approximation is switched on: GELU and the softmax stay exact."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    fused = optimize_model(str(traced), model_type="bert", num_heads=config.num_attention_heads,
+                           hidden_size=config.hidden_size, opt_level=1)
+    fused.save_model_to_file(str(path))
 
 
 def _mean_pooled_class():
