@@ -78,6 +78,26 @@ def test_repeated_sentences_keep_their_own_chunks_and_spans():
     assert len(found.sentences) == len(set(found.sentences)) == 3  # TEXT, OTHER and the intro, once each
 
 
+def test_repeated_chunk_texts_give_each_chunk_its_rows_in_chunk_order():
+    """A chunk text met again (a letterhead, a log line) is worked on once; every chunk still gets its own
+    rows, in chunk order then sentence order, with the sentence ids of a chunk-by-chunk reading."""
+    texts = [f"{TEXT} {OTHER}", "Intro line here.", "", OTHER]
+    chunks = [(f"c{i}", texts[i % 3 if i % 4 else 3]) for i in range(12)]
+    found = extract_keywords(chunks)
+    lowercase = {keywords._normalise(m.group()) for _, text in chunks for m in keywords._TOKEN.finditer(text)
+                 if m.group()[0].islower()}
+    sentences, expected = [], []
+    for chunk_id, text in chunks:
+        for a, b in keywords.split_sentences(text):
+            words = sorted(keywords.sentence_keywords(text[a:b], lowercase))
+            if words and text[a:b] not in sentences:
+                sentences.append(text[a:b])
+            expected += [(k, chunk_id, sentences.index(text[a:b]), a, b) for k in words]
+    assert found.occurrences.rows() == expected and found.sentences == sentences
+    assert found.occurrences.schema == keywords.OCCURRENCE_SCHEMA
+    assert extract_keywords([]).occurrences.schema == keywords.OCCURRENCE_SCHEMA
+
+
 @pytest.mark.parametrize("texts", [[TEXT, OTHER, TEXT, TEXT, ""], ["x"] * 5, []])
 def test_token_counts_of_a_batch_with_repeats_equal_counts_one_by_one(embedder, texts):
     assert embedder.count_tokens(texts) == [embedder.count_tokens([t])[0] for t in texts]

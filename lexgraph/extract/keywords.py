@@ -187,16 +187,15 @@ def extract_keywords(chunks: Sequence[tuple[str, str]]) -> KeywordExtraction:
     chunk_ids = [chunk_id for chunk_id, _ in chunks]
     if len(set(chunk_ids)) != len(chunk_ids):
         raise ValueError("chunk ids must be unique")
-    lowercase_words = {
-        _normalise(match.group())
-        for _, text in chunks
-        for match in _TOKEN.finditer(text)
-        if match.group()[0].islower()
-    }
+    # Normalised once per distinct token and worked on once per distinct chunk text: a large document
+    # repeats most of its tokens, and a log or a letterhead repeats whole chunks.
+    texts = {text: position for position, text in enumerate(dict.fromkeys(text for _, text in chunks))}
+    lowercase_words = {_normalise(token) for token in {token for text in texts for token in _TOKEN.findall(text)}
+                       if token[0].islower()}
     sentences: list[str] = []  # the distinct sentences holding a keyword, in order of first meeting
     known: dict[str, tuple[list[str], int]] = {}  # a sentence's keywords and id, found once per document
-    rows: list[tuple[str, str, int, int, int]] = []
-    for chunk_id, text in chunks:
+    found: list[tuple[int, str, int, int, int]] = []  # (text, keyword, sentence id, span) of each distinct text
+    for text, position in texts.items():
         for start, end in split_sentences(text):
             sentence = text[start:end]
             if sentence not in known:
@@ -205,8 +204,15 @@ def extract_keywords(chunks: Sequence[tuple[str, str]]) -> KeywordExtraction:
                 if keywords:
                     sentences.append(sentence)
             keywords, sentence_id = known[sentence]
-            rows.extend((keyword, chunk_id, sentence_id, start, end) for keyword in keywords)
-    occurrences = pl.DataFrame(rows, schema=OCCURRENCE_SCHEMA, orient="row")
+            found.extend((position, keyword, sentence_id, start, end) for keyword in keywords)
+    # each chunk gets its text's rows, in chunk order: a join, not a Python tuple per occurrence
+    per_text = pl.DataFrame(found, orient="row", schema={"text": pl.Int32} | {
+        name: dtype for name, dtype in OCCURRENCE_SCHEMA.items() if name != "chunk_id"})
+    chunk_texts = pl.DataFrame({"chunk_id": chunk_ids, "text": [texts[text] for _, text in chunks]},
+                               schema={"chunk_id": pl.String, "text": pl.Int32})
+    occurrences = (chunk_texts.with_row_index("_chunk")
+                   .join(per_text.with_row_index("_row"), on="text", how="inner")
+                   .sort("_chunk", "_row").select(list(OCCURRENCE_SCHEMA)))
     return KeywordExtraction(occurrences, sentences)
 
 
