@@ -1,5 +1,8 @@
 """The `lexgraph` CLI end to end on the bundled sample corpus (plus one slide deck, for page citations)."""
+import contextlib
+import io
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -26,12 +29,18 @@ def write_deck(path):
 
 
 @pytest.fixture(scope="module")
-def indexed_sample(tmp_path_factory):
+def indexed_sample(tmp_path_factory, sample_home):
+    """The session's sample index, copied, with the deck added by `lexgraph ingest` (documents are keyed by
+    their path in the folder, so a copy of the corpus is the same corpus): one new document through the CLI,
+    not a second build of the whole corpus."""
     root = tmp_path_factory.mktemp("cli")
     corpus = copy_corpus(root / "corpus")
     write_deck(corpus / "service deck.pptx")
     home = root / "index"
-    assert main(["--home", str(home), "ingest", str(corpus), "--quiet", "--strict"]) == 0
+    shutil.copytree(sample_home, home)
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        assert main(["--home", str(home), "ingest", str(corpus), "--quiet", "--strict"]) == 0
+    assert f"1 new, 0 changed, {len(list(corpus.iterdir())) - 1} unchanged, 0 removed, 0 failed" in out.getvalue()
     return corpus, home
 
 
