@@ -15,12 +15,24 @@ from tests.conftest import ROOT, copy_corpus
 QUESTIONS = ROOT / "sample" / "questions.json"
 
 
+EXTRA_DOCUMENT = """# Canteen menu, September 2024
+
+The Bergen office canteen serves fish soup on Mondays and a vegetarian lasagne on Thursdays.
+Coffee is free before nine; the salad bar closes at two in the afternoon.
+"""
+
+
 @pytest.fixture(scope="module")
-def benched(tmp_path_factory):
-    """One indexed sample corpus shared by the tests (indexing is the slow part)."""
+def benched(tmp_path_factory, sample_home):
+    """One indexed sample corpus shared by the tests. The bench's index starts as a copy of the session's
+    sample index (documents are keyed by their path in the folder, so a copy of the corpus is the same
+    corpus) and the corpus gets one unrelated document: the bench still runs a real Dagster ingest, of one
+    new document, instead of a second build of the whole sample."""
     root = tmp_path_factory.mktemp("bench")
     corpus = copy_corpus(root / "corpus")
+    (corpus / "canteen-menu-2024-09.md").write_text(EXTRA_DOCUMENT)
     home, out = root / "home", root / "out"
+    shutil.copytree(sample_home, bench.prepare_corpus(corpus, home).index_home)
     code = main(["--home", str(home), "bench", "--corpus", str(corpus), "--questions", str(QUESTIONS),
                  "--out", str(out), "--quiet"])
     assert code == 0
@@ -47,7 +59,12 @@ def test_report_has_every_method_and_type(benched):
         assert groups["overall"]["latency_ms_p95"] >= groups["overall"]["latency_ms_p50"] > 0
     assert data["questions"]["unmatched_evidence_ids"] == []  # every evidence id names a sample file
     assert data["index"]["size_bytes"]["total"] > 0 and data["index"]["cost"]["llm_calls"] == 0
-    assert data["index"]["cost"]["embedding_tokens"] > data["index"]["cost"]["chunk_embedding_tokens"] > 0
+    built = data["index"]["build_this_run"]
+    assert (built["new"], built["changed"], built["unchanged"]) == (1, 0, len(list(corpus.iterdir())) - 1)
+    assert built["dagster_runs"] == 2 and built["embedding_tokens"] > 0  # the new document's run, the corpus run
+    cost = data["index"]["cost"]  # the ledger holds the copied sample build too; the bench's history only its own
+    assert sum(cost["embedding_tokens_by_stage"].values()) > cost["chunk_embedding_tokens"] > 0
+    assert cost["embedding_tokens"] == built["embedding_tokens"] and cost["builds"] == 1
     # the sample questions are easy: the best method finds most evidence in the top 5 documents
     assert max(g["Single"]["recall"]["5"] for g in data["summary"].values()) >= 0.9
     markdown = (out / "report.md").read_text()
