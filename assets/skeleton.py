@@ -5,8 +5,6 @@ Each corpus asset records, as its last action, the catalog digest it was built f
 (CorpusFiles.record_built), which the corpus sensor and `lexgraph ingest` compare with the current
 catalog; an empty catalog (every document purged) clears the corpus state instead of failing.
 """
-from concurrent.futures import ThreadPoolExecutor
-
 import dagster as dg
 import numpy as np
 import polars as pl
@@ -15,7 +13,7 @@ from assets.catalog import CORPUS, PER_DOCUMENT, spec_kwargs
 from assets.documents import (batch_metadata, data_version, describe_partitions, document_chunks, document_graph,
                               stored_hashes, with_output)
 from lexgraph.build import corpus_index as ci
-from lexgraph.build import pipeline
+from lexgraph.build import corpus_prefetch, pipeline
 from lexgraph.build.skeleton import skeleton_size
 from lexgraph.extract.keywords import chunk_keyword_pairs_query
 from lexgraph.ids import content_hash
@@ -90,18 +88,6 @@ def _built_from(files: ci.CorpusFiles, step: str) -> str:
     return digest
 
 
-def _catalog_chunks(vectors, indexed: dict[str, str]) -> tuple[pl.DataFrame, np.ndarray]:
-    """Chunk ids and vectors of the documents in the catalog (those whose graph load finished)."""
-    if not indexed or not vectors.count("chunks"):
-        empty = pl.DataFrame(schema={"chunk_id": pl.String, "doc_id": pl.String})
-        return empty, np.zeros((0, vectors.vector_dimension() or 1), dtype=np.float32)
-    chunks, matrix = vectors.chunk_vectors()
-    loaded = chunks["doc_id"].is_in(list(indexed))
-    if loaded.all():  # the usual case: no copy of every vector
-        return chunks, matrix
-    return chunks.filter(loaded), matrix[loaded.to_numpy()]
-
-
 @dg.asset(
     kinds={"python", "lancedb", "parquet", "kuzu"}, **spec_kwargs("chunk_knn_graph", GROUP),
     deps=[document_graph, document_keywords], pool=GRAPH_WRITER_POOL,
@@ -119,15 +105,14 @@ def chunk_knn_graph(context: dg.AssetExecutionContext, index: IndexResource, lan
     store_vectors = lancedb.get()
     indexed = store_vectors.indexed_hashes()  # the catalog this build is made from
     digest = ci.catalog_digest(indexed)
-    with ThreadPoolExecutor(1) as pool:  # the saved state's files read while LanceDB reads the vectors
-        loading = pool.submit(ci.load_knn, files)
-        chunks, vectors = _catalog_chunks(store_vectors, indexed)
-        loaded = loading.result()
+    # what `lexgraph ingest` read ahead while the documents ran, where it still holds; the rest read now
+    inputs = corpus_prefetch.knn_inputs(files, store_vectors, indexed)
+    chunks, vectors = inputs.chunks, inputs.vectors
     settings = index.settings()
     mode = ci.knn_mode(settings.knn_mode, chunks.height)
     # words are read only for chunks the saved state does not hold; saved while the graph is written
     result = ci.update_knn(files, chunks, vectors, lambda wanted: ci.chunk_words(store, wanted),
-                           k=settings.knn_k, mode=mode, loaded=loaded, save=False)
+                           k=settings.knn_k, mode=mode, loaded=inputs.loaded, save=False)
     with kuzu.writer() as graph:
         written = ci.write_similarity_edges(files, graph, result)
     isolated = result.isolated
@@ -138,7 +123,7 @@ def chunk_knn_graph(context: dg.AssetExecutionContext, index: IndexResource, lan
             "chunks": chunks.height, "edges": result.edge_rows.height, "k": settings.knn_k, "mode": mode,
             "edges_by_kind": dg.MetadataValue.json(result.edge_rows.counts_by_kind()),
             "rebuilt": result.rebuilt, "rebuild_reason": result.rebuild_reason, "ann_index": result.ann_index,
-            "words_read_chunks": result.words_read,
+            "words_read_chunks": result.words_read, "read_ahead": inputs.read_ahead,
             **written,
             "semantic_update": dg.MetadataValue.json(result.semantic.to_dict() if result.semantic else None),
             "lexical_update": dg.MetadataValue.json(result.lexical.to_dict() if result.lexical else None),

@@ -20,7 +20,7 @@ import polars as pl
 from tqdm import tqdm
 
 from lexgraph import progress as stage_progress
-from lexgraph.build import pipeline
+from lexgraph.build import corpus_prefetch, pipeline
 from lexgraph.build.corpus_index import LEXICAL_GRAPH, CorpusFiles, solo_steps
 from lexgraph.extract.embedder import reusing_recent_vectors
 from lexgraph.inbox import FileState, plan_reconcile, scan_folder
@@ -106,8 +106,12 @@ def ingest_folder(folder: str | Path, instance: dg.DagsterInstance, home: str | 
         instance.delete_dynamic_partition(documents.name, key)
     runs = requests.run_requests
     # one ingest's runs share the vectors of texts embedded in it: the statements repeat the keyword sentences
+    # the KNN graph's unchanged inputs read while the documents run (corpus_prefetch), for the corpus update
+    touched = {*plan.new, *plan.changed, *plan.removed, *report.repaired}
+    read_ahead = corpus_prefetch.reading_ahead(CorpusFiles(settings.index_dir), vectors, indexed, touched) \
+        if corpus and runs else contextlib.nullcontext()
     with _reporter(progress, len(runs) + int(corpus)) as reporter, stage_progress.reporting(reporter), \
-            _joined(preload), reusing_recent_vectors():
+            _joined(preload), reusing_recent_vectors(), read_ahead:
         for request in runs:
             reporter.next_run()
             reporter.start("purging" if request.job_name == "purge_documents" else "reading",

@@ -377,6 +377,7 @@ class SavedKnn:
     settings: dict
     generation: str
     edges_current: bool  # the edges file is of the same save (else no diff is offered against the graph)
+    ann: tuple[object, AnnBase] | None = None  # its HNSW index when read ahead with it (read_ann)
 
 
 # Parquet metadata key shared by the KNN files (and the edges) of one save.
@@ -495,20 +496,27 @@ def _load_ann(files: CorpusFiles, saved: SavedKnn, keep: np.ndarray) -> tuple[An
     ids = saved.corpus["ann_id"].filter(pl.Series(keep))
     if ids.null_count():
         return None, "the saved state has no faiss ids", None
+    path = path if path.exists() else journal
     try:
-        import faiss
-
-        if path.exists():
-            index = faiss.read_index(str(path))
-            base = AnnBase(saved.generation, int(index.ntotal))
-        else:
-            path = journal
-            index, base = _replay_journal(files, journal, saved.generation)
+        # read ahead with the state (corpus_prefetch), or now; either way used once, then changed by the update
+        index, base = saved.ann if saved.ann is not None else read_ann(files, saved.generation)
+        saved.ann = None
     except AnnIndexError as error:
         return None, f"{path.name} refused: {error}", None
     except Exception as error:  # truncated or garbage: rebuild
         return None, _problem(path.name, error), None
     return (index, ids.to_numpy()), None, base
+
+
+def read_ann(files: CorpusFiles, generation: str) -> tuple[object, AnnBase]:
+    """A save's HNSW index as written: its own file, or its journal replayed onto the file it names."""
+    import faiss
+
+    path = files.ann_index(generation)
+    if path.exists():
+        index = faiss.read_index(str(path))
+        return index, AnnBase(generation, int(index.ntotal))
+    return _replay_journal(files, files.ann_journal(generation), generation)
 
 
 # Parquet metadata of a journal: the whole file it extends (generation) and that file's vector count.

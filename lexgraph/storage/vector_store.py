@@ -227,15 +227,19 @@ class VectorStore:
         hits = table.search(vector.astype(np.float32)).metric("cosine").limit(k).to_arrow()
         return pl.from_arrow(hits).drop("vector")
 
-    def chunk_vectors(self, columns: tuple[str, ...] = ("chunk_id", "doc_id")) -> tuple[pl.DataFrame, np.ndarray]:
-        """All chunk ids with their vectors, for corpus-wide graph building.
+    def chunk_vectors(self, columns: tuple[str, ...] = ("chunk_id", "doc_id"),
+                      doc_ids: list[str] | None = None) -> tuple[pl.DataFrame, np.ndarray]:
+        """All chunk ids with their vectors (or those of these documents), for corpus-wide graph building.
 
         Only these columns are read: the whole table (text included) took 6x as long at 100k chunks."""
         table = self._table(CHUNKS)
         if table is None:
             return pl.DataFrame(), np.zeros((0, 0), dtype=np.float32)
         columns = tuple(c for c in columns if c in table.schema.names)  # optional ones may be absent
-        data = table.search().select([*columns, "vector"]).limit(None).to_arrow()
+        query = table.search()
+        if doc_ids is not None:
+            query = query.where(_in_list("doc_id", doc_ids) if doc_ids else "false")
+        data = query.select([*columns, "vector"]).limit(None).to_arrow()
         column = data.column("vector")
         width = column.type.list_size
         if column.num_chunks == 1 and column.null_count == 0:  # a view of Arrow's buffer: no 150 MB copy at 100k
