@@ -105,11 +105,11 @@ def ingest_folder(folder: str | Path, instance: dg.DagsterInstance, home: str | 
     for key in requests.delete_partitions:
         instance.delete_dynamic_partition(documents.name, key)
     runs = requests.run_requests
-    # one ingest's runs share the vectors of texts embedded in it: the statements repeat the keyword sentences
     # the KNN graph's unchanged inputs read while the documents run (corpus_prefetch), for the corpus update
     touched = {*plan.new, *plan.changed, *plan.removed, *report.repaired}
     read_ahead = corpus_prefetch.reading_ahead(CorpusFiles(settings.index_dir), vectors, indexed, touched) \
         if corpus and runs else contextlib.nullcontext()
+    # one ingest's runs share the vectors of texts embedded in it: the statements repeat the keyword sentences
     with _reporter(progress, len(runs) + int(corpus)) as reporter, stage_progress.reporting(reporter), \
             _joined(preload), reusing_recent_vectors(), read_ahead:
         for request in runs:
