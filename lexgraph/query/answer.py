@@ -30,6 +30,9 @@ from lexgraph.query.retrieval import BM25, tokenize
 # (the only dev set with unanswerable ones): 0.40 maximised the mean of the abstention rate on Null questions
 # (0.79) and the answer rate on answerable ones (0.79); docs/BENCHMARKS.md, "Answers".
 DEFAULT_ABSTAIN_BELOW = 0.40
+# A span answer's score below which the reader abstains: chosen leave-one-corpus-out (make bench-generalize,
+# docs/BENCHMARKS.md "Generalisation"); placeholder until measured.
+DEFAULT_SPAN_BELOW = 0.30
 # Sentences read from the strongest evidence items; later ones rarely win and cost time.
 READ_ITEMS = 12
 
@@ -76,6 +79,8 @@ class Answer:
     completion_tokens: int = 0
     retries: int = 0
     notes: list[str] = field(default_factory=list)
+    answer_type: str = ""  # what the answer is: a span of the asked type, yes_no, or sentence
+    sentence: str = ""  # the evidence sentence the answer comes from (its citation)
 
 
 class Answerer(Protocol):
@@ -152,24 +157,58 @@ def best_sentence(question: str, items: list[Evidence], terms: QuestionTerms) ->
 
 
 class ExtractiveAnswerer:
+    """The LLM-free reader (lexgraph.query.reader): a short span of the asked type and its sentence, cited,
+    or the sentence itself where the question asks for no span; it abstains when the best span scores below
+    `span_below` (or the best sentence below `abstain_below`, for sentence answers)."""
+
     name = "extractive"
 
-    def __init__(self, bm25: BM25, abstain_below: float = DEFAULT_ABSTAIN_BELOW):
-        self.bm25, self.abstain_below = bm25, abstain_below
+    def __init__(self, bm25: BM25, abstain_below: float = DEFAULT_ABSTAIN_BELOW,
+                 span_below: float = DEFAULT_SPAN_BELOW, parser=None):
+        self.bm25, self.abstain_below, self.span_below = bm25, abstain_below, span_below
+        self._parser = parser
+
+    @property
+    def parser(self):
+        if self._parser is None:
+            from lexgraph.query.reader import Parser
+
+            self._parser = Parser()
+        return self._parser
+
+    def read(self, question: str, context: Context):
+        from lexgraph.query.reader import read
+
+        return read(question, context.items, QuestionTerms(question, self.bm25), self.parser)
 
     def answer(self, question: str, context: Context) -> Answer:
         if not context.items:
             return abstention("no evidence was retrieved", self.name)
-        terms = QuestionTerms(question, self.bm25)
-        found = best_sentence(question, context.items, terms)
-        score, item, start, end = found
-        confidence = float(min(max(score, 0.0), 1.0))
-        if confidence < self.abstain_below:
+        reading = self.read(question, context)
+        return self.decide(reading, context)
+
+    def decide(self, reading, context: Context) -> Answer:
+        """The answer or abstention for a reading, by this answerer's thresholds."""
+        if reading is None:
+            return abstention("no evidence sentence was found", self.name)
+        confidence = float(min(max(reading.score, 0.0), 1.0))
+        item = context.items[reading.item_index]
+        citation = cite(item, reading.start, reading.end)
+        if reading.answer_type == reading.asked and reading.asked not in ("sentence", "yes_no"):
+            if not reading.answer:
+                return abstention(f"no {reading.asked.replace('_', ' ')} stands in the evidence", self.name,
+                                  answer_type=reading.asked)
+            if confidence < self.span_below:
+                return abstention(f"the best {reading.asked.replace('_', ' ')} in the evidence scores "
+                                  f"{confidence:.2f}, below the threshold {self.span_below:.2f}", self.name,
+                                  confidence, answer_type=reading.asked)
+        elif confidence < self.abstain_below:
             return abstention(f"the best evidence sentence covers {confidence:.2f} of the question's terms, "
-                              f"below the threshold {self.abstain_below:.2f}", self.name, confidence)
-        citation = cite(item, start, end)
-        return Answer(citation.text, [citation], False, confidence, self.name,
-                      f"sentence covering {confidence:.2f} of the question's terms")
+                              f"below the threshold {self.abstain_below:.2f}", self.name, confidence,
+                              answer_type=reading.asked)
+        return Answer(reading.answer, [citation], False, confidence, self.name,
+                      f"{reading.answer_type.replace('_', ' ')} from a sentence scoring {confidence:.2f}",
+                      answer_type=reading.answer_type, sentence=citation.text)
 
 
 # ---------------------------------------------------------------------------------------------

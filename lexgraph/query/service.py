@@ -277,7 +277,8 @@ class QueryService:
 
     @staticmethod
     def _response(query_id: str, question: str, retrieval: Retrieval, answer: Answer) -> dict:
-        return {"query_id": query_id, "question": question, "answer": answer.text, "abstained": answer.abstained,
+        return {"query_id": query_id, "question": question, "answer": answer.text, "answer_type": answer.answer_type,
+                "answer_sentence": answer.sentence, "abstained": answer.abstained,
                 "uncertain": retrieval.uncertain, "route": retrieval.route,
                 "confidence": round(answer.confidence if retrieval.decision is None
                                     else min(answer.confidence, 1.0) * 0.5 + retrieval.decision.confidence * 0.5, 3),
