@@ -18,14 +18,13 @@ ENGINE_METHODS = ("auto", "answer")
 
 
 def build_engine(retriever: Retriever, budget: int):
-    """The product's engine on this index: the shipped router and the extractive answerer."""
+    """The product's engine on this index: the default router and the extractive reader."""
     from lexgraph.query.answer import ExtractiveAnswerer
     from lexgraph.query.engine import QueryEngine, QueryParams
-    from lexgraph.query.router import Router, default_exemplars
+    from lexgraph.query.router import default_router
 
-    exemplars = default_exemplars(retriever.index.settings.router_exemplars if retriever.index.settings else ())
-    router = Router(exemplars, retriever.embed_batch or (lambda qs: [retriever.embed(q) for q in qs])) \
-        if exemplars else None
+    router = default_router(retriever.index.settings.router_exemplars if retriever.index.settings else (),
+                            retriever.embed_batch or (lambda qs: [retriever.embed(q) for q in qs]))
     return QueryEngine(retriever, router, ExtractiveAnswerer(retriever.index.bm25), QueryParams(budget=budget))
 
 

@@ -163,3 +163,95 @@ def _fit_softmax(x: np.ndarray, y: np.ndarray, classes: int, l2: float, steps: i
         gradient = x.T @ (balance * (_softmax(x @ weights) - onehot)) / len(y) + l2 * weights / len(y)
         weights -= 0.5 * gradient
     return weights
+
+
+# ---------------------------------------------------------------------------------------------
+# The structural router (the default): it decomposes a question only when its grammar says it holds more
+# than one question, and otherwise sends it to the route that ranks like the hybrid ranking, so that no
+# wording it has not seen can send a question where it loses evidence.
+
+STRUCTURE_CONFIDENT = 0.5  # below: the cue is weak and the question takes the safe route (logged)
+
+
+@dataclass(frozen=True)
+class Structure:
+    cue: str  # what was found, for the log
+    confidence: float
+
+
+def question_structure(question: str, parse) -> Structure | None:
+    """The explicit structure that makes a question several questions, from its spaCy parse:
+    - two questions: two question marks, or a second question word opening a clause after "and" / ";";
+    - order in time: "before" / "after" / "until" / "while" introducing a clause (a subordinating mark,
+      not a preposition: "before he told her", not "before the meeting");
+    - a comparison: a comparative with "than" or between alternatives joined by "or", "compare", "versus",
+      "both … and", "the same … as" / "in the same".
+    None when there is none."""
+    text = " ".join(question.split())
+    if text.count("?") >= 2:
+        return Structure("two questions (two question marks)", 0.9)
+    doc = parse(text)
+    lowered = [t.lower_ for t in doc]
+    for i, token in enumerate(doc):
+        if token.lower_ in ("and", ";") and i + 1 < len(doc) and doc[i + 1].tag_ in ("WP", "WRB", "WDT", "WP$") \
+                and doc[i + 1].dep_ not in ("det",) and i > 3:
+            return Structure(f"two questions joined by '{token.text} {doc[i + 1].text}'", 0.8)
+    marks = [t for t in doc if t.lower_ in ("before", "after", "until", "while") and t.dep_ == "mark"]
+    if marks:
+        return Structure(f"order in time ('{marks[0].text}' opens a clause)", 0.8)
+    if any(w in ("compare", "compared", "comparing", "versus", "vs", "vs.") for w in lowered):
+        return Structure("a comparison ('compare' / 'versus')", 0.8)
+    comparatives = [t for t in doc if t.tag_ in ("JJR", "RBR")]
+    if comparatives and ("than" in lowered or "or" in lowered):
+        return Structure(f"a comparison ('{comparatives[0].text}' {'than' if 'than' in lowered else 'or'})", 0.7)
+    if "both" in lowered and "and" in lowered[lowered.index("both"):] or \
+            ("both" in lowered and "and" in lowered and doc[0].lower_ in ("are", "were", "is", "was", "do", "did")):
+        return Structure("a comparison ('both … and')", 0.6)
+    if "same" in lowered and ("as" in lowered[lowered.index("same"):] or "and" in lowered):
+        return Structure("a comparison ('the same')", 0.6)
+    superlatives = [t for t in doc if t.tag_ in ("JJS", "RBS")]
+    if superlatives and " or " in f" {text.lower()} ":
+        return Structure(f"a choice between alternatives ('{superlatives[0].text}' … or)", 0.6)
+    if doc[0].lower_ in ("which", "who") and " or " in f" {text.lower()} " and comparatives:
+        return Structure("a choice between alternatives", 0.6)
+    return None
+
+
+class StructuralRouter:
+    """semantic (the hybrid ranking) by default; agentic only on explicit structure (question_structure),
+    with that as the logged reason. The engine may take semantic on the graph route where the index's graph
+    is selective (QueryEngine.decide). Confidence: the structure's strength for agentic; for semantic, one
+    minus the strongest weak cue (a cue below STRUCTURE_CONFIDENT falls back to semantic, said in the reason)."""
+
+    routes = list(ROUTES)
+
+    def __init__(self, parse=None):
+        if parse is None:
+            from lexgraph.extract.nlp import load
+
+            nlp = load(("ner", "lemmatizer"))
+            parse = nlp
+        self.parse = parse
+
+    def route(self, question: str, vector=None) -> RouteDecision:
+        found = question_structure(question, self.parse)
+        if found is not None and found.confidence >= STRUCTURE_CONFIDENT:
+            probabilities = {"semantic": round(1 - found.confidence, 3), "graph": 0.0,
+                             "agentic": round(found.confidence, 3)}
+            return RouteDecision("agentic", found.confidence, f"agentic: {found.cue}", probabilities)
+        if found is not None:
+            return RouteDecision("semantic", 1 - found.confidence, f"semantic: low confidence in {found.cue} "
+                                 f"({found.confidence:.2f} < {STRUCTURE_CONFIDENT}): the safe route",
+                                 {"semantic": round(1 - found.confidence, 3), "graph": 0.0,
+                                  "agentic": round(found.confidence, 3)})
+        return RouteDecision("semantic", 0.9, "semantic: one question (no explicit structure to decompose)",
+                             {"semantic": 0.9, "graph": 0.0, "agentic": 0.1})
+
+
+def default_router(extra_exemplars: Iterable[Path] = (), embed_many: Callable[[list[str]], np.ndarray] | None = None):
+    """The structural router; a deployment that labels its own questions (LEXGRAPH_ROUTER_EXEMPLARS) gets the
+    exemplar router fitted on them and the shipped exemplars instead (measure it on questions it did not see)."""
+    extra = [Path(p) for p in extra_exemplars or ()]
+    if extra and embed_many is not None:
+        return Router(default_exemplars(extra), embed_many)
+    return StructuralRouter()

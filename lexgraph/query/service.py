@@ -230,12 +230,11 @@ class QueryService:
         return QueryEngine(retriever, router, answerer, self.params, decompose)
 
     def _router_for(self, embedder):
-        from lexgraph.query.router import Router, default_exemplars
+        from lexgraph.query.router import default_router
 
         if self._router is not None:
             return self._router
-        exemplars = default_exemplars(self.settings.router_exemplars)
-        return Router(exemplars, embedder.result().embed_queries) if exemplars else None
+        return default_router(self.settings.router_exemplars, lambda texts: embedder.result().embed_queries(texts))
 
     def _llm_client(self):
         from lexgraph.build.lexical import llm_config
