@@ -21,7 +21,7 @@ TOKEN = "t0ken-for-tests-only"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 QUESTION = "Who is the CEO of the engine supplier Kestrel?"
 ANSWER_KEYS = {"query_id", "question", "answer", "abstained", "uncertain", "route", "confidence", "citations",
-               "provenance"}
+               "provenance", "answer_type", "answer_sentence"}
 CITATION_KEYS = {"id", "source", "page", "char_start", "char_end", "text"}
 PROVENANCE_CITATION_KEYS = CITATION_KEYS | {"doc_id", "chunk_id", "statement_id", "source_sha256", "context_before",
                                             "context_after", "extractor", "model", "prompt_version"}
