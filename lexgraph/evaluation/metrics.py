@@ -48,6 +48,7 @@ class Question:
     answer: str
     evidence: tuple[str, ...]  # normalised document keys (see normalise_evidence_id)
     qtype: str  # Single | Multi | Null | Other
+    aliases: tuple[str, ...] = ()  # other accepted forms of the answer (MuSiQue's answer_aliases)
 
     @property
     def is_null(self) -> bool:
@@ -132,7 +133,10 @@ def _record(path: Path, qid: str, record: object) -> Question:
     if qtype is not None and (not isinstance(qtype, str) or not qtype.strip()):
         raise QuestionsFileError(path, f"question {qid!r}: 'type' must be a non-empty string")
     qtype = qtype.strip().capitalize() if qtype else _infer_type(answer, keys)
-    return Question(qid, _strip_label(question), answer, keys, qtype)
+    aliases = record.get("answer_aliases") or []
+    if not isinstance(aliases, list) or not all(isinstance(a, (str, int, float)) for a in aliases):
+        raise QuestionsFileError(path, f"question {qid!r}: 'answer_aliases' must be a list of strings")
+    return Question(qid, _strip_label(question), answer, keys, qtype, tuple(str(a) for a in aliases))
 
 
 def load_questions(path: str | Path) -> list[Question]:

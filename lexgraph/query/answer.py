@@ -192,23 +192,36 @@ class ExtractiveAnswerer:
         if reading is None:
             return abstention("no evidence sentence was found", self.name)
         confidence = float(min(max(reading.score, 0.0), 1.0))
-        item = context.items[reading.item_index]
-        citation = cite(item, reading.start, reading.end)
-        if reading.answer_type == reading.asked and reading.asked not in ("sentence", "yes_no"):
-            if not reading.answer:
-                return abstention(f"no {reading.asked.replace('_', ' ')} stands in the evidence", self.name,
-                                  answer_type=reading.asked)
-            if confidence < self.span_below:
-                return abstention(f"the best {reading.asked.replace('_', ' ')} in the evidence scores "
-                                  f"{confidence:.2f}, below the threshold {self.span_below:.2f}", self.name,
-                                  confidence, answer_type=reading.asked)
-        elif confidence < self.abstain_below:
-            return abstention(f"the best evidence sentence covers {confidence:.2f} of the question's terms, "
-                              f"below the threshold {self.abstain_below:.2f}", self.name, confidence,
-                              answer_type=reading.asked)
+        reason = abstain_reason(reading, self.span_below, self.abstain_below)
+        if reason is not None:
+            return abstention(reason, self.name, confidence if reading.answer else 0.0, answer_type=reading.asked)
+        citation = cite(context.items[reading.item_index], reading.start, reading.end)
         return Answer(reading.answer, [citation], False, confidence, self.name,
                       f"{reading.answer_type.replace('_', ' ')} from a sentence scoring {confidence:.2f}",
                       answer_type=reading.answer_type, sentence=citation.text)
+
+
+def threshold_kind(reading) -> str:
+    """Which threshold decides a reading: `span` where the question asks for a typed span, else `sentence`
+    (a sentence or yes/no answer)."""
+    return "span" if reading.asked not in ("sentence", "yes_no") else "sentence"
+
+
+def abstain_reason(reading, span_below: float, sentence_below: float) -> str | None:
+    """Why the reader abstains on a reading, or None when it answers. One rule for the product and for the
+    calibration (lexgraph.evaluation.generalize), so the thresholds measured are the ones that answer."""
+    score = float(min(max(reading.score, 0.0), 1.0))
+    asked = reading.asked.replace("_", " ")
+    if threshold_kind(reading) == "span":
+        if not reading.answer:
+            return f"no {asked} stands in the evidence"
+        if score < span_below:
+            return f"the best {asked} in the evidence scores {score:.2f}, below the threshold {span_below:.2f}"
+        return None
+    if score < sentence_below:
+        return (f"the best evidence sentence covers {score:.2f} of the question's terms, below the threshold "
+                f"{sentence_below:.2f}")
+    return None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ import numpy as np
 from lexgraph.query.answer import DEFAULT_ABSTAIN_BELOW, Answer, QuestionTerms, abstention, best_sentence
 from lexgraph.query.context import Context, build_context
 from lexgraph.query.graph_channels import scores_of_statements, traverse_statements
-from lexgraph.query.retrieval import METHODS, Retriever, reciprocal_rank_fusion, sub_queries, with_params
+from lexgraph.query.retrieval import METHODS, Retriever, ranks_of, reciprocal_rank_fusion, sub_queries, with_params
 from lexgraph.query.router import ROUTES, RouteDecision, Router
 
 ROUTE_CHOICES = ("auto", *ROUTES)
@@ -64,6 +64,10 @@ class QueryParams:
     # Equal weights let two clause rankings outvote the whole question, whose own hybrid ranking already fuses
     # the clauses (LiHua-World dev Multi recall@5 0.705 → 0.780 on the questions routed agentic)
     agentic_whole_weight: float = 2.0
+    # The graph and agentic routes keep the hybrid ranking's chunks up to its 5th distinct document first (the
+    # top five documents are what a reader sees first and what recall@5 counts); 0 turns the lead off. Not
+    # tuned: it is the cut of the fail-safe target (auto never below hybrid at recall@5), docs/BENCHMARKS.md.
+    hybrid_lead_documents: int = 5
 
 
 class StepFailed(RuntimeError):
@@ -149,6 +153,7 @@ class QueryEngine:
 
     def _graph(self, question: str, decision: RouteDecision | None) -> Retrieval:
         fused, channels, uncertain = self._graph_ranking(question)
+        fused = self._led_by_hybrid(question, fused, channels.get("hybrid"))
         shares = {n: share * self.graph_selectivity for n, share in self.params.graph_shares if n in channels}
         context = self._context(fused, channels, shares)
         return Retrieval("graph", decision, fused, context, uncertain=uncertain, weights=self.graph_weights)
@@ -175,8 +180,37 @@ class QueryEngine:
             uncertain |= ranked[2]
         fused = reciprocal_rank_fusion(rankings, self.retriever.index.size, self.params.rrf_k,
                                        self.params.fusion_depth)
+        fused = self._led_by_hybrid(question, fused)
         return Retrieval("agentic", decision, fused, self._context(fused), steps=steps, uncertain=uncertain,
                          weights=self.graph_weights)
+
+    def _led_by_hybrid(self, question: str, fused: np.ndarray, hybrid: np.ndarray | None = None) -> np.ndarray:
+        """The fail-safe: the graph and agentic routes add evidence to the hybrid ranking, never displace its
+        lead. The hybrid's chunks up to its `hybrid_lead_documents`-th distinct document come first, in its
+        order; the route's own ranking follows. So no route ranks the first documents worse than the semantic
+        route on any corpus, whatever the graph is like, and the graph's evidence fills the rest of the context."""
+        lead = self.params.hybrid_lead_documents
+        if lead <= 0:
+            return fused
+        hybrid = self.retriever.scores("hybrid", question) if hybrid is None else hybrid
+        rows, _ = ranks_of(hybrid, max(lead * 8, 50))
+        chunks = self.retriever.index.chunks
+        if self.retriever.index.lance is not None:
+            chunks.fetch(rows)
+        documents, head = set(), []
+        for row in rows.tolist():
+            doc = chunks.row(row, named=True)["doc_id"]
+            if doc not in documents and len(documents) == lead:
+                break
+            documents.add(doc)
+            head.append(row)
+        if not head:
+            return fused
+        out = fused.copy()
+        finite = out[np.isfinite(out)]
+        top = float(finite.max()) if len(finite) else 0.0
+        out[head] = top + 1.0 + np.arange(len(head), 0, -1, dtype=np.float64)
+        return out
 
     def _statement_channel(self, question: str) -> tuple[np.ndarray, bool]:
         """The statement channel at graph_hops, walked once. When that traversal fills its whole statement

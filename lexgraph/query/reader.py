@@ -96,6 +96,7 @@ def _candidates(sent, asked: AnswerType):
     for ent in sent.ents:
         fit = asked.labels.get(ent.label_, 0.0)
         if fit > 0:
+            ent = _whole_name(ent)
             seen.add((ent.start, ent.end))
             yield ent, fit
     if asked.name == "place":
@@ -114,6 +115,20 @@ def _candidates(sent, asked: AnswerType):
                 # the chunk names the thing asked about only with a modifier ("the Quay 7 base", not "the base")
                 if any(t.pos_ in ("PROPN", "NUM") or t.is_title for t in chunk if t.i != chunk.root.i):
                     yield chunk, 1.0
+
+
+def _whole_name(span):
+    """A named entity widened to the proper nouns it stands in ("MV Nordlys" of "MV Nordlys Spirit"): the
+    small model often cuts a name short."""
+    if not any(t.pos_ == "PROPN" for t in span):
+        return span
+    doc, start, end = span.doc, span.start, span.end
+    lower, upper = span.sent.start, span.sent.end
+    while start > lower and doc[start - 1].pos_ == "PROPN":
+        start -= 1
+    while end < upper and doc[end].pos_ == "PROPN":
+        end += 1
+    return doc[start:end] if (start, end) != (span.start, span.end) else span
 
 
 def _own_share(span, question_lemmas: dict[str, float]) -> float:

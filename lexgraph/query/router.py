@@ -194,7 +194,9 @@ def question_structure(question: str, parse) -> Structure | None:
     lowered = [t.lower_ for t in doc]
     for i, token in enumerate(doc):
         if token.lower_ in ("and", ";") and i + 1 < len(doc) and doc[i + 1].tag_ in ("WP", "WRB", "WDT", "WP$") \
-                and doc[i + 1].dep_ not in ("det",) and i > 3:
+                and i > 3 and (doc[i + 1].dep_ != "det" or _clause_verb(doc[i + 1]).dep_ == "conj"):
+            # "which yard built …" after "and" asks a second question when its verb is a conjoined clause's
+            # ("Who chairs Kestrel, and which yard built the hull?"), not in "which yard and which maker worked"
             return Structure(f"two questions joined by '{token.text} {doc[i + 1].text}'", 0.8)
     marks = [t for t in doc if t.lower_ in ("before", "after", "until", "while") and t.dep_ == "mark"]
     if marks:
@@ -215,6 +217,13 @@ def question_structure(question: str, parse) -> Structure | None:
     if doc[0].lower_ in ("which", "who") and " or " in f" {text.lower()} " and comparatives:
         return Structure("a choice between alternatives", 0.6)
     return None
+
+
+def _clause_verb(token):
+    """The verb of the clause a token stands in (its nearest verb or auxiliary head)."""
+    while token.pos_ not in ("VERB", "AUX") and token.head.i != token.i:
+        token = token.head
+    return token
 
 
 class StructuralRouter:
