@@ -51,8 +51,13 @@ _ORG_NOUNS = {"company", "organisation", "organization", "firm", "group", "team"
               "school", "college", "institution", "agency", "party", "label", "publisher", "network",
               "corporation", "business", "supplier", "manufacturer", "contractor", "bank", "airline",
               "newspaper", "magazine", "brand", "shipbuilder", "yard", "studio"}
-_NUMBER_NOUNS = {"number", "amount", "price", "cost", "fee", "sum", "total", "rate", "percentage", "share",
-                 "value", "salary", "revenue", "population", "count", "quantity", "figure"}
+_MONEY_NOUNS = {"price", "cost", "fee", "salary", "revenue", "budget", "fine", "payment", "income", "profit",
+                "turnover", "wage", "provision", "penalty", "charge", "rent"}
+_PERCENT_NOUNS = {"rate", "percentage", "share", "proportion", "margin"}
+_NUMBER_NOUNS = {"number", "amount", "sum", "total", "value", "population", "count", "quantity", "figure",
+                 *_MONEY_NOUNS, *_PERCENT_NOUNS}
+MONEY = {"MONEY": 1.0, "QUANTITY": 0.5, "CARDINAL": 0.3, "PERCENT": 0.3}
+PERCENTAGE = {"PERCENT": 1.0, "MONEY": 0.5, "QUANTITY": 0.5, "CARDINAL": 0.3}
 
 AUXILIARIES = ("is", "are", "was", "were", "do", "does", "did", "has", "have", "had", "can", "could", "will",
                "would", "should", "shall", "may", "might", "must")
@@ -90,6 +95,10 @@ def _noun_type(words: str) -> AnswerType:
         return AnswerType("person_or_organisation", _names_fit({"PERSON": 1.0, "ORG": 0.6, "NORP": 0.5}), head)
     if head in _ORG_NOUNS:
         return AnswerType("person_or_organisation", _names_fit({"ORG": 1.0, "PERSON": 0.4}), head)
+    if head in _MONEY_NOUNS:  # "what price": money, rarely a bare number (a clause number is not a price)
+        return AnswerType("amount", MONEY, head)
+    if head in _PERCENT_NOUNS:
+        return AnswerType("amount", PERCENTAGE, head)
     if head in _NUMBER_NOUNS:
         return AnswerType("amount", MONEY_OR_AMOUNT, head)
     return AnswerType("noun", {k: min(v, 0.5) for k, v in NAMED.items()}, head)

@@ -5,9 +5,10 @@
    cached by chunk id, since the same chunks come back question after question).
 3. Candidates are the spans of the asked type in those sentences: entities whose label fits the type, and
    for "which X" noun chunks headed by X. A span made only of the question's own words is not an answer.
-4. A candidate's score = type fit × (SENTENCE_SHARE × its sentence's score + (1 − SENTENCE_SHARE) ×
-   nearness to the question's content words in that sentence). The sentence's score is the one the sentence
-   answerer always used: question terms it and its chunk hold (idf-weighted), minus a little per rank.
+4. A candidate's score = type fit × (1 − half the share of its words the question names) × (SENTENCE_SHARE ×
+   its sentence's score + (1 − SENTENCE_SHARE) × nearness to the question's other content words in that
+   sentence, counted in arcs of the dependency parse). The sentence's score is the one the sentence answerer
+   always used: question terms it and its chunk hold (idf-weighted), minus a little per rank.
 5. Yes/no questions: "yes" or "no" only when one sentence holds nearly all of the question's terms (no
    answer is read into a sentence that holds half of them), "no" when that sentence is negated; else the
    sentence itself, typed `sentence`.
@@ -27,11 +28,13 @@ from lexgraph.query.answer_types import AnswerType, answer_type
 
 READ_ITEMS = 8  # evidence chunks read (parsed); later ones rarely hold the answer
 SENTENCE_SHARE = 0.6  # a candidate's score: this × its sentence's score + the rest × nearness
-NEAR_TOKENS = 6.0  # nearness = 1 / (1 + distance / NEAR_TOKENS), distance to the nearest question word
+NEAR_ARCS = 2.0  # nearness = 1 / (1 + arcs / NEAR_ARCS), arcs in the parse to a question word beyond the first
 PLAIN_YES_NO = 0.8  # a yes/no answer needs a sentence holding this share of the question's terms
 PARSE_CACHE = 4096
+CANDIDATES_KEPT = 5
 SUPPORT_BONUS = 0.05  # per further sentence naming the same answer (at most MAX_SUPPORT of them)
 MAX_SUPPORT = 3
+SUPPORT_SHARE = 0.8  # a further sentence supports an answer when the answer scores this share of its best there
 PLACE_BY_PREPOSITION = 0.8  # type fit of a named noun phrase after a preposition of place
 _LOCATIVE = {"in", "on", "at", "near", "from", "inside", "outside", "beside", "across", "along", "off", "within"}
 _MARKUP = re.compile(r"\*+|`+|^\s*#+|^\s*[-+>]\s|\|", re.M)
@@ -47,6 +50,7 @@ class Reading:
     start: int  # the sentence's characters in that item's text
     end: int
     asked: str  # the answer type the question asked for
+    candidates: tuple = ()  # the best few span candidates (Candidate), best first
 
 
 class Parser:
@@ -131,45 +135,76 @@ def _whole_name(span):
     return doc[start:end] if (start, end) != (span.start, span.end) else span
 
 
-def _own_share(span, question_lemmas: dict[str, float]) -> float:
+def _own_share(span, words: "QuestionWords") -> float:
     """The share of the span's content words that the question already names (an answer rarely is)."""
-    words = [t for t in span if not t.is_stop and not t.is_punct and not t.is_space]
-    if not words:
+    content = [t for t in span if not t.is_stop and not t.is_punct and not t.is_space]
+    if not content:
         return 1.0
-    return sum(_key(t) in question_lemmas or t.lower_ in question_lemmas for t in words) / len(words)
+    return sum(words.word_of(t) is not None for t in content) / len(content)
 
 
 def _key(token) -> str:
     return (token.lemma_ or token.lower_).lower()
 
 
-def _nearness(sent, span, question_lemmas: dict[str, float]) -> float:
-    """The question's words in the sentence, each weighted by its idf and by how near the span it stands,
-    as a share of all the question's weight: high next to the rare words the question turns on."""
-    total = sum(question_lemmas.values())
+def _tree_distance(a, b) -> int:
+    """Arcs between two tokens of one parse (through their lowest common head)."""
+    up = {a.i: 0}
+    for depth, head in enumerate(a.ancestors, 1):
+        up[head.i] = depth
+    if b.i in up:
+        return up[b.i]
+    for depth, head in enumerate(b.ancestors, 1):
+        if head.i in up:
+            return up[head.i] + depth
+    return abs(a.i - b.i)  # no common head (a fragment the parser did not join): the words between them
+
+
+def _nearness(sent, span, words: "QuestionWords") -> float:
+    """The question's words in the sentence, each weighted by its idf and by how near the span it stands in
+    the dependency parse, as a share of the weight of the question's words the span does not hold itself:
+    high where the span is the subject, object or agent of the question's own verb ("founded … by Einar
+    Halvorsen"), low for a name elsewhere in a long sentence."""
+    inside = {words.word_of(t) for t in span} - {None}
+    total = sum(w for i, w in enumerate(words.weights) if i not in inside)
     if not total:
         return 0.0
-    best: dict[str, float] = {}
+    best: dict[int, float] = {}
+    root = span.root
     for token in sent:
         if span.start <= token.i < span.end:
             continue
-        key = _key(token) if _key(token) in question_lemmas else token.lower_
-        if key in question_lemmas:
-            distance = min(abs(token.i - span.start), abs(token.i - (span.end - 1)))
-            best[key] = max(best.get(key, 0.0), 1.0 / (1.0 + distance / NEAR_TOKENS))
-    return sum(question_lemmas[k] * v for k, v in best.items()) / total
+        word = words.word_of(token)
+        if word is not None and word not in inside:
+            distance = max(_tree_distance(root, token) - 1, 0)
+            best[word] = max(best.get(word, 0.0), 1.0 / (1.0 + distance / NEAR_ARCS))
+    return sum(words.weights[i] * v for i, v in best.items()) / total
 
 
-def question_lemmas(doc, terms) -> dict[str, float]:
-    """The question's content words (lemma and surface form) with their idf weights."""
-    out: dict[str, float] = {}
-    for token in doc:
-        if token.is_stop or token.is_punct or token.is_space:
-            continue
-        weight = terms.weights.get(token.lower_, max(terms.weights.values(), default=1.0))
-        for key in {token.lower_, _key(token)}:
-            out[key] = max(out.get(key, 0.0), weight)
-    return out
+class QuestionWords:
+    """The question's content words, each with its idf weight, found in evidence by lemma or surface form."""
+
+    def __init__(self, doc, terms):
+        self.weights: list[float] = []
+        self.keys: dict[str, int] = {}
+        default = max(terms.weights.values(), default=1.0)
+        for token in doc:
+            if token.is_stop or token.is_punct or token.is_space:
+                continue
+            forms = {token.lower_, _key(token)}
+            known = next((self.keys[f] for f in forms if f in self.keys), None)
+            weight = terms.weights.get(token.lower_, default)
+            if known is None:
+                self.weights.append(weight)
+                known = len(self.weights) - 1
+            else:
+                self.weights[known] = max(self.weights[known], weight)
+            for form in forms:
+                self.keys.setdefault(form, known)
+
+    def word_of(self, token) -> int | None:
+        found = self.keys.get(_key(token))
+        return found if found is not None else self.keys.get(token.lower_)
 
 
 def _sentences(parser: Parser, item) -> list[tuple[int, int, object]]:
@@ -183,13 +218,28 @@ def _sentences(parser: Parser, item) -> list[tuple[int, int, object]]:
     return [(a, b, doc) for (a, b), doc in zip(spans, docs)]
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """One span of the asked type and why it scored as it did (for the log, the LLM and debugging)."""
+
+    text: str
+    score: float  # best value over its sentences, plus the support of further sentences
+    position: int  # evidence item of its best sentence
+    start: int  # that sentence's characters in the item
+    end: int
+    fit: float
+    sentence_score: float
+    nearness: float
+    sentences: int  # sentences that support it
+
+
 def read(question: str, items, terms, parser: Parser, limit: int = READ_ITEMS) -> Reading | None:
     """The best reading of the evidence `items` (ranked), or None when there are none."""
     asked = answer_type(question, parser.question)
-    lemmas = question_lemmas(parser.question(question), terms)
+    lemmas = QuestionWords(parser.question(question), terms)
     items = list(items[:limit])
     best_sentence: tuple[float, int, int, int, object] | None = None
-    spans: dict[str, list[tuple[float, str, int, int, int]]] = {}
+    spans: dict[str, list[tuple]] = {}
     for position, item in enumerate(items):
         around = terms.coverage(f"{item.heading_path}\n{item.text}")
         for start, end, sent in _sentences(parser, item):
@@ -202,23 +252,31 @@ def read(question: str, items, terms, parser: Parser, limit: int = READ_ITEMS) -
                 own = _own_share(span, lemmas)
                 if own >= 1.0:
                     continue
-                value = fit * (1 - own) * (SENTENCE_SHARE * score + (1 - SENTENCE_SHARE) * _nearness(sent, span, lemmas))
+                near = _nearness(sent, span, lemmas)
+                # a name that shares a word with the question ("Einar Halvorsen" for "Halvorsen Maritime Group")
+                # is often the answer: only half its shared share counts against it
+                value = fit * (1 - own / 2) * (SENTENCE_SHARE * score + (1 - SENTENCE_SHARE) * near)
                 text = " ".join(span.text.split()).strip(" *-:,;")
-                spans.setdefault(text.lower(), []).append((value, text, position, start, end))
+                if text:
+                    spans.setdefault(text.lower(), []).append((value, text, position, start, end, fit, score, near))
     if best_sentence is None:
         return None
-    best_span = None
+    ranked = []
     for found in spans.values():
-        found.sort(reverse=True)
-        sentences = {(p, a) for _, _, p, a, _ in found}
-        value = found[0][0] + SUPPORT_BONUS * min(len(sentences) - 1, MAX_SUPPORT)
-        if best_span is None or value > best_span[0]:
-            best_span = (value, *found[0][1:])
+        found.sort(key=lambda row: row[0], reverse=True)
+        # further sentences support the answer only where it fits the question nearly as well there: a head
+        # office's city named in every chunk is not an answer by being frequent
+        supporting = {(row[2], row[3]) for row in found if row[0] >= SUPPORT_SHARE * found[0][0]}
+        value, text, position, start, end, fit, score, near = found[0]
+        ranked.append(Candidate(text, value + SUPPORT_BONUS * min(len(supporting) - 1, MAX_SUPPORT), position, start,
+                                end, fit, score, near, len(supporting)))
+    ranked.sort(key=lambda c: c.score, reverse=True)
     if asked.wants_span:
-        if best_span is None:
+        if not ranked:
             return Reading("", asked.name, 0.0, best_sentence[1], best_sentence[2], best_sentence[3], asked.name)
-        value, span, position, start, end = best_span
-        return Reading(span, asked.name, value, position, start, end, asked.name)
+        top = ranked[0]
+        return Reading(top.text, asked.name, top.score, top.position, top.start, top.end, asked.name,
+                       tuple(ranked[:CANDIDATES_KEPT]))
     score, position, start, end, sent = best_sentence
     if asked.name == "yes_no" and terms.coverage(sent.text) >= PLAIN_YES_NO:
         negated = any(t.dep_ == "neg" for t in sent)
