@@ -239,7 +239,13 @@ def cmd_ask(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(answer, ensure_ascii=False))
         return 0
-    print(answer["answer"] if answer.get("answer") else "(no answer)")
+    # the short answer first (with what it is, for a span), then the sentence it came from, cited
+    kind = answer.get("answer_type") or ""
+    if answer.get("answer"):
+        typed = f"  ({kind.replace('_', ' ')})" if kind not in ("", "sentence", "yes_no") else ""
+        print(f"{answer['answer']}{typed}")
+    else:
+        print("(no answer)")
     for number, citation in enumerate(answer.get("citations") or [], 1):
         page = f" p. {citation['page']}" if citation.get("page") is not None else ""
         text = " ".join(str(citation.get("text") or "").split())

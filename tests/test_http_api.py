@@ -352,6 +352,9 @@ def test_ask_prints_the_answer_and_numbered_citations(indexed, capsys):
     lines = capsys.readouterr().out.splitlines()
     citations = [line for line in lines if re.match(r"^  \d+\. \[", line)]
     assert citations, lines
+    # the short answer first, then the sentence it came from with its citation
+    assert re.fullmatch(r"(Dr\. )?Annika Vogt  \(person or organisation\)", lines[0]), lines
+    assert "Annika Vogt, CEO since January 2021" in citations[0]
     for number, line in enumerate(citations, 1):
         assert re.match(rf'^  {number}\. \[[^\]]+\] .+?(?: p\. \d+)? \[chars \d+–\d+\]: ".*"$', line), line
     assert re.match(r"^route: semantic  confidence: ", lines[-1]), lines[-1]

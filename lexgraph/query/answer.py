@@ -258,8 +258,9 @@ class LLMAnswerer:
 
         if not context.items:
             return abstention("no evidence was retrieved", self.name)
+        hint = self._reader_hint(question, context)
         messages = [{"role": "system", "content": ANSWER_SYSTEM_PROMPT},
-                     {"role": "user", "content": f"Evidence:\n\n{evidence_block(context)}\n\nQuestion: {question}"}]
+                     {"role": "user", "content": f"Evidence:\n\n{evidence_block(context)}\n\n{hint}Question: {question}"}]
         known = context.ids()
         spent = {"llm_calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "retries": 0}
         for attempt in range(2):
@@ -282,6 +283,21 @@ class LLMAnswerer:
                                    {"role": "user", "content": f"{problem}. Answer again, citing only ids from "
                                                                "the evidence, or abstain."}]
         return abstention(f"the LLM's citations failed validation twice ({problem})", self.name, **spent)
+
+    def _reader_hint(self, question: str, context: Context) -> str:
+        """The LLM-free reader's short answer, as one candidate the model sees (it may reject it); "" when the
+        reader has no span of the asked type."""
+        if self.fallback is None:
+            return ""
+        try:
+            reading = self.fallback.read(question, context)
+        except Exception:  # noqa: BLE001 - a hint is optional; the model answers from the evidence anyway
+            return ""
+        if reading is None or not reading.answer or reading.answer_type in ("sentence", "yes_no"):
+            return ""
+        item = context.items[reading.item_index]
+        return (f"A candidate answer found without a model ({reading.answer_type.replace('_', ' ')}, from "
+                f"[{item.id}]): {reading.answer}. Use it only if the evidence supports it.\n\n")
 
     @staticmethod
     def _add(spent: dict, stats) -> None:
