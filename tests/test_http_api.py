@@ -23,6 +23,8 @@ QUESTION = "Who is the CEO of the engine supplier Kestrel?"
 ANSWER_KEYS = {"query_id", "question", "answer", "abstained", "uncertain", "route", "confidence", "citations",
                "provenance", "answer_type", "answer_sentence"}
 CITATION_KEYS = {"id", "source", "page", "char_start", "char_end", "text"}
+ANSWER_TYPES = {"", "person_or_organisation", "date_or_time", "amount", "count", "duration", "place", "noun", "named",
+                "yes_no", "sentence"}
 PROVENANCE_CITATION_KEYS = CITATION_KEYS | {"doc_id", "chunk_id", "statement_id", "source_sha256", "context_before",
                                             "context_after", "extractor", "model", "prompt_version"}
 BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
@@ -84,6 +86,10 @@ def ask(client, question=QUESTION, route=None, **kwargs) -> httpx.Response:
 def check_answer(answer: dict) -> None:
     assert set(answer) == ANSWER_KEYS
     assert isinstance(answer["abstained"], bool) and isinstance(answer["uncertain"], bool)
+    # what the answer is, and the sentence it came from (the citation's text) when it answered
+    assert answer["answer_type"] in ANSWER_TYPES and isinstance(answer["answer_sentence"], str)
+    if not answer["abstained"] and answer["citations"]:
+        assert answer["answer_sentence"] == answer["citations"][0]["text"]
     assert answer["route"] in ("semantic", "graph", "agentic")
     for citation in answer["citations"]:
         assert set(citation) == CITATION_KEYS
