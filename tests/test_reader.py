@@ -37,7 +37,7 @@ def answerer():
     ("Who is the chief executive of Kestrel Propulsion?", "person_or_organisation", "Annika Vogt"),
     ("When did Annika Vogt take office at Kestrel?", "date_or_time", "January 2021"),
     ("How much is the contract price of the supply contract?", "amount", "EUR 19.1 million"),
-    ("How many engines did Kestrel deliver to the yard?", "count", "4"),
+    ("How many engines did Kestrel deliver to the yard?", "count", "4 engines"),
     ("Where is Kestrel Propulsion based?", "place", "Tromsø"),
     ("In which city was the supply contract signed?", "place", "Bergen"),
 ])

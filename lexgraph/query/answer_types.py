@@ -118,6 +118,18 @@ def wh_noun(doc) -> str:
     return ""
 
 
+def copula_noun(doc) -> str:
+    """In "what is/was <noun phrase>", the head noun of that phrase (the copula's subject or attribute that
+    is not the question word); "" when there is none."""
+    for token in doc:
+        if token.dep_ == "ROOT" and token.lemma_ == "be":
+            for child in token.children:
+                if child.dep_ in ("nsubj", "attr") and child.pos_ in ("NOUN", "PROPN") and \
+                        child.lower_ not in ("what", "which"):
+                    return child.text
+    return ""
+
+
 def answer_type(question: str, parse=None) -> AnswerType:
     """The answer type of a question (English only). `parse` (text -> spaCy Doc) finds the noun after
     "which"/"what" from the dependency parse; without it, a word pattern does."""
@@ -156,6 +168,11 @@ def answer_type(question: str, parse=None) -> AnswerType:
                              r"((?:[\w'’-]+\s+){0,2}?[\w'’-]+)\s+(?:of|for|at|in|on|behind|that|which|who)\b", low)
             if focus:
                 typed = _noun_type(focus.group(1))
+                return typed if typed.name != "noun" else AnswerType("named", NAMED, typed.head)
+            # "What was the group's revenue in 2023?": the copula's other noun is the thing asked for
+            noun = copula_noun(parse(last)) if parse is not None else ""
+            if noun:
+                typed = _noun_type(noun)
                 return typed if typed.name != "noun" else AnswerType("named", NAMED, typed.head)
             return AnswerType("named", NAMED)
         noun = wh_noun(parse(last)) if parse is not None else ""

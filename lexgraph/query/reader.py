@@ -100,7 +100,7 @@ def _candidates(sent, asked: AnswerType):
     for ent in sent.ents:
         fit = asked.labels.get(ent.label_, 0.0)
         if fit > 0:
-            ent = _whole_name(ent)
+            ent = _with_unit(ent) if ent.label_ in _NUMERIC else _whole_name(ent)
             seen.add((ent.start, ent.end))
             yield ent, fit
     if asked.name == "place":
@@ -119,6 +119,24 @@ def _candidates(sent, asked: AnswerType):
                 # the chunk names the thing asked about only with a modifier ("the Quay 7 base", not "the base")
                 if any(t.pos_ in ("PROPN", "NUM") or t.is_title for t in chunk if t.i != chunk.root.i):
                     yield chunk, 1.0
+
+
+_NUMERIC = {"CARDINAL", "QUANTITY", "MONEY", "PERCENT"}
+_CURRENCY_CODE = re.compile(r"^[A-Z]{3}$")
+
+
+def _with_unit(span):
+    """A number widened to what it counts or its currency ("13" of "13 crew", "120 million" of "NOK 120
+    million"): an amount without its unit is not the answer a reader gives."""
+    doc, start, end = span.doc, span.start, span.end
+    lower, upper = span.sent.start, span.sent.end
+    if start > lower and (doc[start - 1].tag_ == "$" or _CURRENCY_CODE.match(doc[start - 1].text)):
+        start -= 1
+    root = span.root
+    if root.dep_ == "nummod" and end <= root.head.i < upper and all(
+            t.dep_ in ("compound", "amod", "nummod", "quantmod") for t in doc[end:root.head.i]):
+        end = root.head.i + 1
+    return doc[start:end] if (start, end) != (span.start, span.end) else span
 
 
 def _whole_name(span):
