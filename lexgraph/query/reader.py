@@ -56,7 +56,8 @@ class Reading:
 class Parser:
     """spaCy parses of evidence texts, cached by id (thread-safe: one parse at a time)."""
 
-    def __init__(self, nlp=None):
+    def __init__(self, nlp=None, capacity: int = PARSE_CACHE):
+        self.capacity = capacity
         if nlp is None:
             from lexgraph.extract.nlp import load
 
@@ -73,7 +74,7 @@ class Parser:
                 return doc
             doc = self.nlp(text)
             self._cache[key] = doc
-            if len(self._cache) > PARSE_CACHE:
+            if len(self._cache) > self.capacity:
                 self._cache.popitem(last=False)
             return doc
 
@@ -82,9 +83,12 @@ class Parser:
             missing = [(k, t) for k, t in dict(pairs).items() if k not in self._cache]
             for (key, _), doc in zip(missing, self.nlp.pipe([t for _, t in missing], batch_size=16)):
                 self._cache[key] = doc
-            while len(self._cache) > PARSE_CACHE:
+            found = [self._cache[k] for k, _ in pairs]  # before any eviction: these may be the oldest entries
+            for key, _ in pairs:
+                self._cache.move_to_end(key)
+            while len(self._cache) > self.capacity:
                 self._cache.popitem(last=False)
-            return [self._cache[k] for k, _ in pairs]
+            return found
 
     def question(self, text: str):
         return self.parse(f"question:{text}", text)
