@@ -86,16 +86,7 @@ def gold_in(question: ev.Question, text: str) -> bool | None:
 def answer_figures(runs: Sequence[QuestionRun], thresholds: Thresholds) -> dict:
     """gold in answer (share of answerable questions), false abstention, abstention on unanswerable
     questions, and the share of answers that are right (precision)."""
-    answerable = [r for r in runs if r.answerable]
-    null = [r for r in runs if not r.answerable]
-    answered = [r for r in runs if not r.abstains(thresholds)]
-    return {
-        "questions": len(runs), "answerable": len(answerable), "unanswerable": len(null),
-        "gold_in_answer": ev.mean(bool(r.correct) and not r.abstains(thresholds) for r in answerable),
-        "false_abstention": ev.mean(r.abstains(thresholds) for r in answerable),
-        "abstention_on_unanswerable": ev.mean(r.abstains(thresholds) for r in null),
-        "precision": ev.mean(bool(r.correct) for r in answered),
-    }
+    return _pooled((r, thresholds) for r in runs)
 
 
 def retrieval_figures(runs: Sequence[QuestionRun]) -> dict:
