@@ -55,7 +55,7 @@ def test_the_choice_keeps_false_abstention_within_budget_and_prefers_right_answe
         figures = gz.answer_figures(runs, chosen)
         assert figures["false_abstention"] <= gz.FALSE_ABSTENTION_BUDGET
     # wrong answers (score 0.2) are held back while right ones (0.6) pass: every answer given is right
-    assert 0.2 < chosen.span_below <= 0.6 and chosen.span_below == 0.25  # ties: the lowest that buys it
+    assert chosen.span_below == 0.6  # ties: the highest that keeps the right answers (the budget is spent)
     assert gz.answer_figures(corpora["A"], chosen)["precision"] == 1.0
     assert gz.answer_figures(corpora["A"], chosen)["abstention_on_unanswerable"] == 1.0
 
@@ -89,3 +89,16 @@ def test_confidence_buckets_report_what_each_confidence_bought():
     buckets = gz.confidence_buckets(runs, lambda r: gz.Thresholds(0.3, 0.3))
     assert [b["questions"] for b in buckets] == [4, 4]
     assert buckets[0]["precision"] == 0.0 and buckets[1]["precision"] == 1.0
+
+
+def test_always_trains_every_choice_and_is_never_measured(corpora):
+    # unanswerable questions only in `always`: they pull the held-out corpora's thresholds up, and no
+    # held-out row is theirs
+    nulls = {"sample": [run("S", i, 0.5, None, answerable=False) for i in range(10)]
+             + [run("S", 10 + i, 0.7, True) for i in range(10)]}
+    without = gz.leave_one_corpus_out(corpora)
+    with_nulls = gz.leave_one_corpus_out(corpora, always=nulls)
+    assert set(with_nulls) == set(corpora)
+    assert with_nulls["D"]["thresholds"]["span_below"] >= without["D"]["thresholds"]["span_below"]
+    folds = gz.k_fold([run("A", i, 0.6, True) for i in range(20)], always=nulls)
+    assert all(t["span_below"] > 0.5 for t in folds["thresholds_per_fold"])  # the nulls at 0.5 are held back

@@ -13,10 +13,12 @@ the other corpora's runs, and a test checks that changing a held-out corpus cann
 A figure from thresholds chosen on the same questions is an in-sample (dev) figure and is labelled so.
 
 The rule that chooses: among the grid's threshold pairs whose false abstention (answerable questions not
-answered) stays within FALSE_ABSTENTION_BUDGET on every training corpus, the one whose answers are most
-often right (the mean over training corpora of the share of answers holding the gold answer; answering an
-unanswerable question counts as wrong). Ties go to the lower thresholds: answering is the default, and
-abstaining must buy precision.
+answered) stays within FALSE_ABSTENTION_BUDGET on every training corpus, the one with the best sum of two
+means over the training corpora: the share of answers that are right (answering an unanswerable question
+counts as wrong), and the abstention rate on unanswerable questions (over the corpora that have them).
+Ties go to the higher thresholds: the false-abstention budget is there to be spent on doubtful answers.
+Only LiHua-World and the sample corpus have unanswerable questions, so the sample's own questions and its
+unanswerable ones train every choice (`always`) and are measured only under thresholds chosen without them.
 """
 from __future__ import annotations
 
@@ -140,30 +142,35 @@ def calibrate(training: dict[str, Sequence[QuestionRun]], budget: float = FALSE_
             if worst > budget + 1e-9:
                 continue
             precision = sum((f["precision"] or 0.0) for f in figures) / len(figures)
-            key = (round(precision, 9), -(span + sentence), -span)
+            null = [f["abstention_on_unanswerable"] for f in figures if f["abstention_on_unanswerable"] is not None]
+            key = (round(precision + (sum(null) / len(null) if null else 0.0), 9), span + sentence, span)
             if best is None or key > best[0]:
                 best = (key, chosen)
     return best[1] if best else Thresholds(0.0, 0.0)
 
 
 def leave_one_corpus_out(runs: dict[str, Sequence[QuestionRun]],
-                         choose: Callable[[dict[str, Sequence[QuestionRun]]], Thresholds] = calibrate) -> dict:
-    """Per corpus: the thresholds chosen on all the others, and its figures under them."""
+                         choose: Callable[[dict[str, Sequence[QuestionRun]]], Thresholds] = calibrate,
+                         always: dict[str, Sequence[QuestionRun]] | None = None) -> dict:
+    """Per corpus: the thresholds chosen on all the others (and on `always`, never measured here), and its
+    figures under them."""
     out = {}
     for held in runs:
-        thresholds = choose({name: r for name, r in runs.items() if name != held})
+        thresholds = choose({**{name: r for name, r in runs.items() if name != held}, **(always or {})})
         out[held] = {"thresholds": asdict(thresholds), **answer_figures(runs[held], thresholds)}
     return out
 
 
 def k_fold(runs: Sequence[QuestionRun], folds: int = FOLDS,
-           choose: Callable[[dict[str, Sequence[QuestionRun]]], Thresholds] = calibrate) -> dict:
-    """Within one corpus: each fold's answers under thresholds chosen on the other folds, pooled."""
+           choose: Callable[[dict[str, Sequence[QuestionRun]]], Thresholds] = calibrate,
+           always: dict[str, Sequence[QuestionRun]] | None = None) -> dict:
+    """Within one corpus: each fold's answers under thresholds chosen on the other folds (and `always`),
+    pooled."""
     decided: list[tuple[QuestionRun, Thresholds]] = []
     chosen = []
     for fold in range(folds):
         train = [r for i, r in enumerate(runs) if i % folds != fold]
-        thresholds = choose({"train": train})
+        thresholds = choose({"train": train, **(always or {})})
         chosen.append(asdict(thresholds))
         decided += [(r, thresholds) for i, r in enumerate(runs) if i % folds == fold]
     pooled = _pooled(decided)

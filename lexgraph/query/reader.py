@@ -4,7 +4,8 @@
 2. The strongest evidence chunks are parsed by spaCy (sentences, named entities, noun chunks; parses are
    cached by chunk id, since the same chunks come back question after question).
 3. Candidates are the spans of the asked type in those sentences: entities whose label fits the type, and
-   for "which X" noun chunks headed by X. A span made only of the question's own words is not an answer.
+   for "which X" noun chunks headed by X. A span made only of the question's own words is not an answer, nor
+   one whose sentence holds none of the question's other content words.
 4. A candidate's score = type fit × (1 − half the share of its words the question names) × (SENTENCE_SHARE ×
    its sentence's score + (1 − SENTENCE_SHARE) × nearness to the question's other content words in that
    sentence, counted in arcs of the dependency parse). The sentence's score is the one the sentence answerer
@@ -275,6 +276,8 @@ def read(question: str, items, terms, parser: Parser, limit: int = READ_ITEMS) -
                 if own >= 1.0:
                     continue
                 near = _nearness(sent, span, lemmas)
+                if near <= 0.0:  # no word of the question in its sentence: it stands near nothing asked
+                    continue
                 # a name that shares a word with the question ("Einar Halvorsen" for "Halvorsen Maritime Group")
                 # is often the answer: only half its shared share counts against it
                 value = fit * (1 - own / 2) * (SENTENCE_SHARE * score + (1 - SENTENCE_SHARE) * near)
