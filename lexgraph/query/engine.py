@@ -25,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from lexgraph.query.answer import DEFAULT_ABSTAIN_BELOW, Answer, QuestionTerms, abstention, best_sentence
+from lexgraph.query.answer import Answer, QuestionTerms, abstention, best_sentence
 from lexgraph.query.context import Context, build_context
 from lexgraph.query.graph_channels import scores_of_statements, traverse_statements
 from lexgraph.query.retrieval import METHODS, Retriever, ranks_of, reciprocal_rank_fusion, sub_queries, with_params
@@ -68,6 +68,10 @@ class QueryParams:
     # top five documents are what a reader sees first and what recall@5 counts); 0 turns the lead off. Not
     # tuned: it is the cut of the fail-safe target (auto never below hybrid at recall@5), docs/BENCHMARKS.md.
     hybrid_lead_documents: int = 5
+    # the semantic route's evidence is thin (retried on the graph route) when its best sentence scores below
+    # this. 0.40 was the extractive answerer's threshold, chosen on LiHua-World dev's Null questions (a dev
+    # figure); with the hybrid lead the retry changes only the evidence after the first five documents
+    thin_below: float = 0.40
 
 
 class StepFailed(RuntimeError):
@@ -103,8 +107,8 @@ class QueryEngine:
         self._deep = with_params(self.retriever, statement_hops=self.params.graph_hops)
         self._cut = with_params(self.retriever, statement_hops=min(2, self.params.graph_hops))
         self.decompose = decompose or clause_steps
-        # the semantic route's evidence is thin when its best sentence would not pass the extractive threshold
-        self.thin_below = getattr(answerer, "abstain_below", DEFAULT_ABSTAIN_BELOW)
+        # the semantic route's evidence is thin when its best sentence covers too little of the question
+        self.thin_below = self.params.thin_below
         self.available = [m for m in METHODS if m not in ("dense", "bm25")]
         graph = self.retriever.index.graph
         self.graph_selectivity = graph_selectivity(graph.bridge_pair_share if graph is not None else 1.0, self.params)
