@@ -77,6 +77,7 @@ def test_yes_no_only_where_a_sentence_says_it_plainly(answerer):
     ("When was the firm founded?", "date_or_time"),
     ("How many vessels were built?", "count"),
     ("How much did the retrofit cost?", "amount"),
+    ("How much water does the tank hold?", "amount"),
     ("Where does the tribunal sit?", "place"),
     ("Which shipbuilder built the hull?", "person_or_organisation"),
     ("Did the yard deliver on time?", "yes_no"),
@@ -154,3 +155,15 @@ def test_the_parse_cache_never_loses_what_one_read_asks_for():
     docs = parser.parse_many(old[:2] + new)
     assert [d.text for d in docs] == [t for _, t in old[:2] + new]
     assert len(parser._cache) == 4
+
+
+def test_how_much_with_a_money_verb_asks_for_money_and_dates_stay_dates():
+    from lexgraph.extract.nlp import load
+
+    parse = load(("ner", "lemmatizer"))
+    assert answer_type("How much will the new quay cost?", parse).labels["MONEY"] == 1.0
+    assert answer_type("How much will the new quay cost?", parse).labels["QUANTITY"] < 1.0
+    texts = ["The new 240-metre quay will cost GBP 12.6 million. On 11 February 2024 MV Nordlys Spirit caught fire."]
+    answerer = ExtractiveAnswerer(BM25(texts), span_below=0.0)
+    assert answerer.answer("How much will the new quay cost?", _context(texts)).text == "GBP 12.6 million"
+    assert answerer.answer("When did the Nordlys Spirit catch fire?", _context(texts)).text == "11 February 2024"

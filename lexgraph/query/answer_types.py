@@ -59,6 +59,8 @@ _NUMBER_NOUNS = {"number", "amount", "sum", "total", "value", "population", "cou
 MONEY = {"MONEY": 1.0, "QUANTITY": 0.5, "CARDINAL": 0.3, "PERCENT": 0.3}
 PERCENTAGE = {"PERCENT": 1.0, "MONEY": 0.5, "QUANTITY": 0.5, "CARDINAL": 0.3}
 
+_MONEY_VERBS = re.compile(r"\b(?:cost|costs|costing|pay|pays|paid|spend|spends|spent|charge|charges|charged|earn|"
+                          r"earns|earned|worth|price|priced|owe|owes|owed|fee|fees|sell|sold|buy|bought)\b")
 AUXILIARIES = ("is", "are", "was", "were", "do", "does", "did", "has", "have", "had", "can", "could", "will",
                "would", "should", "shall", "may", "might", "must")
 _WORD = re.compile(r"[A-Za-z][A-Za-z'’-]*")
@@ -153,7 +155,9 @@ def answer_type(question: str, parse=None) -> AnswerType:
         return AnswerType("place", PLACE)
     if low.startswith("how many"):
         return AnswerType("count", COUNT)
-    if low.startswith("how much") or re.match(r"^how (?:large|big|high|expensive|costly)\b", low):
+    if low.startswith("how much") and _MONEY_VERBS.search(low) or re.match(r"^how (?:expensive|costly)\b", low):
+        return AnswerType("amount", MONEY)  # "how much will it cost": money, not the quay's 240 metres
+    if low.startswith("how much") or re.match(r"^how (?:large|big|high)\b", low):
         return AnswerType("amount", MONEY_OR_AMOUNT)
     if re.match(r"^how (?:long|old|soon|often)\b", low):
         return AnswerType("duration", DURATION)

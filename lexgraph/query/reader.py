@@ -25,7 +25,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from lexgraph.extract.keywords import split_sentences
-from lexgraph.query.answer_types import AnswerType, answer_type
+from lexgraph.query.answer_types import NAME_LABELS, AnswerType, answer_type
 
 READ_ITEMS = 8  # evidence chunks read (parsed); later ones rarely hold the answer
 SENTENCE_SHARE = 0.6  # a candidate's score: this × its sentence's score + the rest × nearness
@@ -105,7 +105,10 @@ def _candidates(sent, asked: AnswerType):
     for ent in sent.ents:
         fit = asked.labels.get(ent.label_, 0.0)
         if fit > 0:
-            ent = _with_unit(ent) if ent.label_ in _NUMERIC else _whole_name(ent)
+            if ent.label_ in _NUMERIC:
+                ent = _with_unit(ent)
+            elif ent.label_ in NAME_LABELS:  # a date or time is not widened into the name after it
+                ent = _whole_name(ent)
             seen.add((ent.start, ent.end))
             yield ent, fit
     if asked.name == "place":
@@ -306,4 +309,4 @@ def read(question: str, items, terms, parser: Parser, limit: int = READ_ITEMS) -
     if asked.name == "yes_no" and terms.coverage(sent.text) >= PLAIN_YES_NO:
         negated = any(t.dep_ == "neg" for t in sent)
         return Reading("no" if negated else "yes", "yes_no", score, position, start, end, asked.name)
-    return Reading(sent.text.strip(), "sentence", score, position, start, end, asked.name)
+    return Reading(" ".join(sent.text.split()), "sentence", score, position, start, end, asked.name)
