@@ -60,3 +60,16 @@ def test_the_sample_paraphrases_route_like_their_originals(router):
     pairs = json.loads((ROOT / "sample" / "questions.paraphrased.json").read_text())
     same = [router.route(p["original"]).route == router.route(p["question"]).route for p in pairs.values()]
     assert len(same) >= 20 and sum(same) / len(same) >= 0.9
+
+
+def test_the_sample_paraphrases_and_unanswerable_questions_are_well_formed():
+    from lexgraph.evaluation.metrics import load_questions
+
+    originals = {q.question: q for q in load_questions(ROOT / "sample" / "questions.json")}
+    paraphrased = json.loads((ROOT / "sample" / "questions.paraphrased.json").read_text())
+    assert len(paraphrased) == len(originals)
+    for record in paraphrased.values():
+        original = originals[record["original"]]  # each paraphrase names a question of the sample
+        assert record["answer"] == original.answer and record["question"] != record["original"]
+    unanswerable = load_questions(ROOT / "sample" / "questions.unanswerable.json")
+    assert len(unanswerable) == 15 and all(q.is_null for q in unanswerable)
