@@ -102,3 +102,31 @@ def test_always_trains_every_choice_and_is_never_measured(corpora):
     assert with_nulls["D"]["thresholds"]["span_below"] >= without["D"]["thresholds"]["span_below"]
     folds = gz.k_fold([run("A", i, 0.6, True) for i in range(20)], always=nulls)
     assert all(t["span_below"] > 0.5 for t in folds["thresholds_per_fold"])  # the nulls at 0.5 are held back
+
+
+def test_the_bench_scores_saved_runs_again_and_prints_every_table(tmp_path, capsys):
+    """`make bench-generalize --runs report.json`: the tables from saved runs, without indexing anything."""
+    import json
+    from dataclasses import asdict
+
+    from benchmarks import bench_generalize
+    from tests.conftest import ROOT
+
+    def sample(part: str, file: str, answerable: bool):
+        ids = json.loads((ROOT / "sample" / file).read_text())
+        return [replace(run(f"sample-{part}", 0, 0.4, True if answerable else None, answerable), qid=qid)
+                for qid in ids]
+
+    runs = [*corpus("lihua-world", 0.6, 0.2, null=4), *corpus("musique", 0.5, 0.1),
+            *sample("original", "questions.json", True), *sample("paraphrased", "questions.paraphrased.json", True),
+            *sample("unanswerable", "questions.unanswerable.json", False)]
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps({"runs": [asdict(r) for r in runs]}))
+    out = tmp_path / "out"
+    assert bench_generalize.main(["--runs", str(saved), "--corpora", "lihua-world,musique", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    for heading in ("Retrieval: auto against the hybrid", "leave one corpus out", "5-fold within each corpus",
+                    "In-sample (dev) figures", "Router confidence", "paraphrase pairs 22: same route 1.000"):
+        assert heading in printed
+    report = json.loads((out / "report.json").read_text())
+    assert set(report["leave_one_corpus_out"]) == {"lihua-world", "musique"} and len(report["runs"]) == len(runs)
