@@ -167,3 +167,10 @@ def test_how_much_with_a_money_verb_asks_for_money_and_dates_stay_dates():
     answerer = ExtractiveAnswerer(BM25(texts), span_below=0.0)
     assert answerer.answer("How much will the new quay cost?", _context(texts)).text == "GBP 12.6 million"
     assert answerer.answer("When did the Nordlys Spirit catch fire?", _context(texts)).text == "11 February 2024"
+
+
+def test_how_many_x_prefers_a_number_of_x():
+    texts = ["The No. 2 main engine failed on the voyage. There were 13 crew on board, and 2 engines were lost."]
+    answerer = ExtractiveAnswerer(BM25(texts), span_below=0.0)
+    answer = answerer.answer("How many crew were on board when the engine failed?", _context(texts))
+    assert answer.answer_type == "count" and answer.text == "13 crew"

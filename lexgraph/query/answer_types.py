@@ -83,6 +83,11 @@ class AnswerType:
         return self.name not in ("yes_no", "sentence")
 
 
+def _singular(noun: str) -> str:
+    """A plural noun's stem as the reader compares heads ("vessels" → "vessel", "crew" stays)."""
+    return noun[:-1] if noun.endswith("s") and not noun.endswith("ss") else noun
+
+
 def _noun_type(words: str) -> AnswerType:
     """The type of "which <words>": by the head noun (the last word), else a noun chunk headed by it."""
     tokens = [w.lower() for w in _WORD.findall(words)]
@@ -154,7 +159,10 @@ def answer_type(question: str, parse=None) -> AnswerType:
     if first == "where":
         return AnswerType("place", PLACE)
     if low.startswith("how many"):
-        return AnswerType("count", COUNT)
+        counted = re.match(r"^how many\s+([a-z][\w'’-]*)", low)
+        noun = counted.group(1) if counted and counted.group(1) not in _STOP_HEADS and \
+            counted.group(1) not in AUXILIARIES else ""
+        return AnswerType("count", COUNT, _singular(noun))
     if low.startswith("how much") and _MONEY_VERBS.search(low) or re.match(r"^how (?:expensive|costly)\b", low):
         return AnswerType("amount", MONEY)  # "how much will it cost": money, not the quay's 240 metres
     if low.startswith("how much") or re.match(r"^how (?:large|big|high)\b", low):

@@ -107,6 +107,7 @@ def _candidates(sent, asked: AnswerType):
         if fit > 0:
             if ent.label_ in _NUMERIC:
                 ent = _with_unit(ent)
+                fit *= _counts_what_was_asked(ent, asked)
             elif ent.label_ in NAME_LABELS:  # a date or time is not widened into the name after it
                 ent = _whole_name(ent)
             seen.add((ent.start, ent.end))
@@ -147,6 +148,22 @@ def _with_unit(span):
     return doc[start:end] if (start, end) != (span.start, span.end) else span
 
 
+OTHER_COUNT_FIT = 0.5  # "how many crew": a number of engines fits half as well as a number of crew
+
+
+def _counts_what_was_asked(span, asked: AnswerType) -> float:
+    """For "how many X": 1.0 when the number counts X or nothing named, OTHER_COUNT_FIT when it counts
+    something else ("No. 2 main engine" for "how many crew")."""
+    if asked.name != "count" or not asked.head:
+        return 1.0
+    root = span.root
+    if root.dep_ != "nummod":
+        return 1.0
+    head = root.head.lemma_.lower() or root.head.lower_
+    return 1.0 if head.rstrip("s") == asked.head.rstrip("s") or root.head.lower_.rstrip("s") == asked.head else \
+        OTHER_COUNT_FIT
+
+
 def _whole_name(span):
     """A named entity widened to the proper nouns it stands in ("MV Nordlys" of "MV Nordlys Spirit"): the
     small model often cuts a name short."""
@@ -161,9 +178,11 @@ def _whole_name(span):
     return doc[start:end] if (start, end) != (span.start, span.end) else span
 
 
-def _own_share(span, words: "QuestionWords") -> float:
-    """The share of the span's content words that the question already names (an answer rarely is)."""
-    content = [t for t in span if not t.is_stop and not t.is_punct and not t.is_space]
+def _own_share(span, words: "QuestionWords", asked_head: str = "") -> float:
+    """The share of the span's content words that the question already names (an answer rarely is). The
+    asked noun itself does not count: "13 crew" answers "how many crew", "the Mongstad base" "which base"."""
+    content = [t for t in span if not t.is_stop and not t.is_punct and not t.is_space
+               and not (asked_head and _key(t).rstrip("s") == asked_head.rstrip("s"))]
     if not content:
         return 1.0
     return sum(words.word_of(t) is not None for t in content) / len(content)
@@ -275,7 +294,7 @@ def read(question: str, items, terms, parser: Parser, limit: int = READ_ITEMS) -
             if not asked.wants_span:
                 continue
             for span, fit in _candidates(sent, asked):
-                own = _own_share(span, lemmas)
+                own = _own_share(span, lemmas, asked.head)
                 if own >= 1.0:
                     continue
                 near = _nearness(sent, span, lemmas)
