@@ -1,8 +1,9 @@
 """The LLM-free reader: a short answer span of the asked type, found in the best evidence sentences.
 
 1. The answer type comes from the question (lexgraph.query.answer_types).
-2. The strongest evidence chunks are parsed by spaCy (sentences, named entities, noun chunks; parses are
-   cached by chunk id, since the same chunks come back question after question).
+2. The sentences of the strongest evidence chunks that hold a word of the question are parsed by spaCy
+   (named entities, noun chunks, dependencies; parses are cached by chunk and sentence, since the same
+   chunks come back question after question).
 3. Candidates are the spans of the asked type in those sentences: entities whose label fits the type, and
    for "which X" noun chunks headed by X. A span made only of the question's own words is not an answer, nor
    one whose sentence holds none of the question's other content words.
@@ -252,15 +253,26 @@ class QuestionWords:
         return found if found is not None else self.keys.get(token.lower_)
 
 
-def _sentences(parser: Parser, item) -> list[tuple[int, int, object]]:
-    """(start, end, parsed sentence) of an evidence chunk: its sentences as the rest of lexgraph splits them
-    (a Markdown line ends one), each parsed on its own."""
+_WORD = re.compile(r"[^\W_][\w'’-]*")
+
+
+def _mentions(text: str, words: "QuestionWords") -> bool:
+    """Whether a sentence may hold one of the question's words (by surface form, or a form that only adds an
+    ending: "founded" for "found"). Only such sentences can hold a candidate near the question, so only they
+    are parsed: parsing is most of a reading's time."""
+    for word in _WORD.findall(text.lower()):
+        if word in words.keys or any(len(word) - cut >= 4 and word[:-cut] in words.keys for cut in (1, 2, 3)):
+            return True
+    return False
+
+
+def _sentences(item) -> list[tuple[int, int, str]]:
+    """(start, end, text) of an evidence chunk's sentences as the rest of lexgraph splits them (a Markdown line
+    ends one), the text with Markdown's marks (**bold**, # headings, - bullets, | tables) blanked out, offsets
+    kept: spaCy reads "**Kaszuby Shipbuilding**" as prose otherwise, and a bullet as part of a name."""
     spans = split_sentences(item.text) or [(0, len(item.text))]
-    # Markdown's marks (**bold**, # headings, - bullets, | tables) blanked out, offsets kept: spaCy reads
-    # "**Kaszuby Shipbuilding**" as prose otherwise, and a bullet as part of a name
     plain = _MARKUP.sub(lambda m: " " * len(m.group()), item.text)
-    docs = parser.parse_many([(f"{item.id}:{a}", plain[a:b]) for a, b in spans])
-    return [(a, b, doc) for (a, b), doc in zip(spans, docs)]
+    return [(a, b, plain[a:b]) for a, b in spans]
 
 
 @dataclass(frozen=True)
@@ -283,29 +295,33 @@ def read(question: str, items, terms, parser: Parser, limit: int = READ_ITEMS) -
     asked = answer_type(question, parser.question)
     lemmas = QuestionWords(parser.question(question), terms)
     items = list(items[:limit])
-    best_sentence: tuple[float, int, int, int, object] | None = None
+    best_sentence: tuple[float, int, int, int, str, str] | None = None
     spans: dict[str, list[tuple]] = {}
+    scored = []
     for position, item in enumerate(items):
         around = terms.coverage(f"{item.heading_path}\n{item.text}")
-        for start, end, sent in _sentences(parser, item):
-            score = _sentence_score(terms, sent.text, around, position)
+        for start, end, text in _sentences(item):
+            score = _sentence_score(terms, text, around, position)
+            key = f"{item.id}:{start}"
             if best_sentence is None or score > best_sentence[0]:
-                best_sentence = (score, position, start, end, sent)
-            if not asked.wants_span:
+                best_sentence = (score, position, start, end, text, key)
+            if asked.wants_span and _mentions(text, lemmas):
+                scored.append((position, start, end, score, key, text))
+    parsed = parser.parse_many([(key, text) for *_, key, text in scored])
+    for (position, start, end, score, _, _), sent in zip(scored, parsed):
+        for span, fit in _candidates(sent, asked):
+            own = _own_share(span, lemmas, asked.head)
+            if own >= 1.0:
                 continue
-            for span, fit in _candidates(sent, asked):
-                own = _own_share(span, lemmas, asked.head)
-                if own >= 1.0:
-                    continue
-                near = _nearness(sent, span, lemmas)
-                if near <= 0.0:  # no word of the question in its sentence: it stands near nothing asked
-                    continue
-                # a name that shares a word with the question ("Einar Halvorsen" for "Halvorsen Maritime Group")
-                # is often the answer: only half its shared share counts against it
-                value = fit * (1 - own / 2) * (SENTENCE_SHARE * score + (1 - SENTENCE_SHARE) * near)
-                text = " ".join(span.text.split()).strip(" *-:,;")
-                if text:
-                    spans.setdefault(text.lower(), []).append((value, text, position, start, end, fit, score, near))
+            near = _nearness(sent, span, lemmas)
+            if near <= 0.0:  # no word of the question in its sentence: it stands near nothing asked
+                continue
+            # a name that shares a word with the question ("Einar Halvorsen" for "Halvorsen Maritime Group")
+            # is often the answer: only half its shared share counts against it
+            value = fit * (1 - own / 2) * (SENTENCE_SHARE * score + (1 - SENTENCE_SHARE) * near)
+            text = " ".join(span.text.split()).strip(" *-:,;")
+            if text:
+                spans.setdefault(text.lower(), []).append((value, text, position, start, end, fit, score, near))
     if best_sentence is None:
         return None
     ranked = []
@@ -324,8 +340,8 @@ def read(question: str, items, terms, parser: Parser, limit: int = READ_ITEMS) -
         top = ranked[0]
         return Reading(top.text, asked.name, top.score, top.position, top.start, top.end, asked.name,
                        tuple(ranked[:CANDIDATES_KEPT]))
-    score, position, start, end, sent = best_sentence
-    if asked.name == "yes_no" and terms.coverage(sent.text) >= PLAIN_YES_NO:
-        negated = any(t.dep_ == "neg" for t in sent)
+    score, position, start, end, text, key = best_sentence
+    if asked.name == "yes_no" and terms.coverage(text) >= PLAIN_YES_NO:
+        negated = any(t.dep_ == "neg" for t in parser.parse(key, text))
         return Reading("no" if negated else "yes", "yes_no", score, position, start, end, asked.name)
-    return Reading(" ".join(sent.text.split()), "sentence", score, position, start, end, asked.name)
+    return Reading(" ".join(text.split()), "sentence", score, position, start, end, asked.name)
