@@ -10,19 +10,15 @@ import sys
 from typing import Sequence
 
 from lexgraph.evaluation import metrics as ev
+from lexgraph.evaluation.bench import single_threaded_torch, top_n_for
 from lexgraph.evaluation.generalize import K, QuestionRun, gold_in
 from lexgraph.query.retrieval import RetrievalParams, Retriever, load_index
 from lexgraph.settings import Settings
 
 
-def top_n(budget: int) -> int:
-    return max(50, 5 * K, budget // 32)
-
-
 def run_questions(corpus: str, settings: Settings, questions: Sequence[ev.Question], budget: int,
                   progress: bool = False) -> list[QuestionRun]:
     from lexgraph.evaluation.answers import build_engine
-    from lexgraph.evaluation.bench import single_threaded_torch
     from lexgraph.extract.embedder import Embedder
 
     params = RetrievalParams()
@@ -42,8 +38,8 @@ def run_questions(corpus: str, settings: Settings, questions: Sequence[ev.Questi
 def run_one(corpus: str, engine, question: ev.Question, budget: int) -> QuestionRun:
     retriever = engine.retriever
     retrieval = engine.retrieve(question.question, "auto")
-    auto_hits = retriever.hits(retrieval.scores, top_n(budget))
-    hybrid_hits = retriever.hits(retriever.scores("hybrid", question.question), top_n(budget))
+    auto_hits = retriever.hits(retrieval.scores, top_n_for((K,), budget))
+    hybrid_hits = retriever.hits(retriever.scores("hybrid", question.question), top_n_for((K,), budget))
     reading = engine.answerer.read(question.question, retrieval.context) if retrieval.context.items else None
     decision = retrieval.decision
     auto_keys, hybrid_keys = [h.doc_key for h in auto_hits], [h.doc_key for h in hybrid_hits]

@@ -32,7 +32,8 @@ from lexgraph.query.retrieval import BM25, tokenize
 # development corpora and the sample's questions (`make bench-generalize`, 2026-12-07): within a false
 # abstention of 0.10 on every corpus, the pair whose answers are most often right and which abstains most on
 # unanswerable questions. Their out-of-corpus figures (each corpus under the pair chosen without it) are in
-# docs/BENCHMARKS.md, "Generalisation". The sentence threshold also calls the semantic route's evidence thin.
+# docs/BENCHMARKS.md, "Generalisation". The semantic route's thin-evidence retry has its own threshold
+# (QueryParams.thin_below).
 DEFAULT_ABSTAIN_BELOW = 0.20
 DEFAULT_SPAN_BELOW = 0.05
 # Sentences read from the strongest evidence items; later ones rarely win and cost time.

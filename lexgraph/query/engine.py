@@ -107,8 +107,6 @@ class QueryEngine:
         self._deep = with_params(self.retriever, statement_hops=self.params.graph_hops)
         self._cut = with_params(self.retriever, statement_hops=min(2, self.params.graph_hops))
         self.decompose = decompose or clause_steps
-        # the semantic route's evidence is thin when its best sentence covers too little of the question
-        self.thin_below = self.params.thin_below
         self.available = [m for m in METHODS if m not in ("dense", "bm25")]
         graph = self.retriever.index.graph
         self.graph_selectivity = graph_selectivity(graph.bridge_pair_share if graph is not None else 1.0, self.params)
@@ -176,7 +174,7 @@ class QueryEngine:
     def _agentic(self, question: str, decision: RouteDecision | None) -> Retrieval:
         # each step is retrieved like the graph route (on a hub graph that is the hybrid ranking alone)
         steps = self._step("decompose the question", lambda: self.decompose(question)) or [question]
-        whole, _, uncertain = self._graph_ranking(question)
+        whole, channels, uncertain = self._graph_ranking(question)
         rankings = [(whole, self.params.agentic_whole_weight)]
         for step in steps:
             ranked = self._step(step, lambda: self._graph_ranking(step))
@@ -184,7 +182,7 @@ class QueryEngine:
             uncertain |= ranked[2]
         fused = reciprocal_rank_fusion(rankings, self.retriever.index.size, self.params.rrf_k,
                                        self.params.fusion_depth)
-        fused = self._led_by_hybrid(question, fused)
+        fused = self._led_by_hybrid(question, fused, channels.get("hybrid"))
         return Retrieval("agentic", decision, fused, self._context(fused), steps=steps, uncertain=uncertain,
                          weights=self.graph_weights)
 
@@ -246,7 +244,7 @@ class QueryEngine:
         if not context.items:
             return True
         found = best_sentence(question, context.items, QuestionTerms(question, self.retriever.index.bm25))
-        return found is None or found[0] < self.thin_below
+        return found is None or found[0] < self.params.thin_below
 
     # -- answering --------------------------------------------------------------------------------------
 

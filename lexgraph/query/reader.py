@@ -160,9 +160,8 @@ def _counts_what_was_asked(span, asked: AnswerType) -> float:
     root = span.root
     if root.dep_ != "nummod":
         return 1.0
-    head = root.head.lemma_.lower() or root.head.lower_
-    return 1.0 if head.rstrip("s") == asked.head.rstrip("s") or root.head.lower_.rstrip("s") == asked.head else \
-        OTHER_COUNT_FIT
+    counted = {_key(root.head).rstrip("s"), root.head.lower_.rstrip("s")}  # by lemma or surface form
+    return 1.0 if asked.head.rstrip("s") in counted else OTHER_COUNT_FIT
 
 
 def _whole_name(span):
@@ -293,7 +292,7 @@ class Candidate:
 def read(question: str, items, terms, parser: Parser, limit: int = READ_ITEMS) -> Reading | None:
     """The best reading of the evidence `items` (ranked), or None when there are none."""
     asked = answer_type(question, parser.question)
-    lemmas = QuestionWords(parser.question(question), terms)
+    words = QuestionWords(parser.question(question), terms)
     items = list(items[:limit])
     best_sentence: tuple[float, int, int, int, str, str] | None = None
     spans: dict[str, list[tuple]] = {}
@@ -305,15 +304,15 @@ def read(question: str, items, terms, parser: Parser, limit: int = READ_ITEMS) -
             key = f"{item.id}:{start}"
             if best_sentence is None or score > best_sentence[0]:
                 best_sentence = (score, position, start, end, text, key)
-            if asked.wants_span and _mentions(text, lemmas):
+            if asked.wants_span and _mentions(text, words):
                 scored.append((position, start, end, score, key, text))
     parsed = parser.parse_many([(key, text) for *_, key, text in scored])
     for (position, start, end, score, _, _), sent in zip(scored, parsed):
         for span, fit in _candidates(sent, asked):
-            own = _own_share(span, lemmas, asked.head)
+            own = _own_share(span, words, asked.head)
             if own >= 1.0:
                 continue
-            near = _nearness(sent, span, lemmas)
+            near = _nearness(sent, span, words)
             if near <= 0.0:  # no word of the question in its sentence: it stands near nothing asked
                 continue
             # a name that shares a word with the question ("Einar Halvorsen" for "Halvorsen Maritime Group")
