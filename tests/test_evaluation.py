@@ -115,6 +115,8 @@ def test_loads_list_format_and_infers_types(tmp_path):
     ('[{"id": "x", "question": "q?", "answer": "a"}, {"id": "x", "question": "r?", "answer": "b"}]',
      "duplicate question ids: x"),
     ('{"0": {"question": "q?", "answer": "a", "evidence": 7}}', "'evidence' must be a string"),
+    ('{"0": {"question": "q?", "answer": "a", "answer_aliases": "b"}}', "'answer_aliases' must be a list"),
+    ('{"0": {"question": "q?", "answer": "a", "answer_aliases": [["b"]]}}', "'answer_aliases' must be a list"),
 ])
 def test_malformed_questions_name_the_file_and_problem(tmp_path, content, problem):
     path = tmp_path / "bad.json"
@@ -127,3 +129,11 @@ def test_malformed_questions_name_the_file_and_problem(tmp_path, content, proble
 def test_missing_questions_file(tmp_path):
     with pytest.raises(ev.QuestionsFileError, match="questions file not found"):
         ev.load_questions(tmp_path / "none.json")
+
+
+def test_answer_aliases_are_read_with_the_answer(tmp_path):
+    path = tmp_path / "q.json"
+    path.write_text(json.dumps({"0": {"question": "Who?", "answer": "G. Stanley Hall", "answer_aliases": ["Stanley Hall"]},
+                                "1": {"question": "Who?", "answer": "x"}}))
+    with_aliases, without = ev.load_questions(path)
+    assert with_aliases.aliases == ("Stanley Hall",) and without.aliases == ()
