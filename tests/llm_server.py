@@ -10,7 +10,14 @@ user message that has one, else the whole last user message):
   deterministically from the entity types the request's JSON schema allows;
 - per sentence with two or more entities: a fact (first entity, the words between, second entity)
   and relations between consecutive entities (strength 0.5);
-- ``usage``: prompt_tokens = words in all messages, completion_tokens = words in the answer.
+- ``usage``: prompt_tokens = words in all messages, completion_tokens = words in the answer (``\w+`` runs:
+  tiktoken is not installed here, and a word count is deterministic and model-free).
+
+Replay mode (``LLMTestServer(replay=RecordedExtractions.load(path))``, ``--replay PATH``): extraction requests
+are answered from a recorded LLM's output instead, HippoRAG's GPT-3.5 triples for the MuSiQue passages: the
+recorded passages found in the chunk, mapped onto ``ChunkExtraction`` as tests/recorded_llm.py describes; a
+chunk with no recorded passage gets the empty extraction. Usage is counted the same way. Answers and
+sub-questions keep the rules below.
 
 Both instructor modes are understood: a request with ``tools`` (Mode.TOOLS) gets a forced tool call
 whose ``arguments`` are the JSON; any other request (Mode.JSON, the extractor's default) gets the
@@ -34,7 +41,7 @@ call: "ok" or the fault kind), ``server.stats()``.
 In-process: ``with LLMTestServer() as server: ... server.base_url`` (a thread; stopped on exit, and
 in any case after ``max_lifetime`` seconds). Standalone, for benchmarks::
 
-    python -m tests.llm_server --port 8765 [--latency 0.05] [--fail-every 10 --fail-kind 429]
+    python -m tests.llm_server --port 8765 [--latency 0.05] [--fail-every 10 --fail-kind 429] [--replay PATH]
 
 which prints its base URL and serves until SIGTERM/SIGINT or ``--max-seconds``; its faults and
 records are reachable over HTTP: ``POST /_control/faults`` with ``{"kind", "times", "marker",
@@ -54,7 +61,10 @@ import zlib
 from collections import Counter, deque
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tests.recorded_llm import RecordedExtractions
 
 DEFAULT_MODEL = "lexgraph-test-llm"
 FAULT_KINDS = ("timeout", "malformed", "invalid", "garbage", "disconnect")
@@ -193,15 +203,18 @@ def sub_questions_for(body: dict) -> dict:
     return {"sub_questions": [p + "?" for p in parts] or [question]}
 
 
-def answer_for(body: dict) -> dict:
+def answer_for(body: dict, replay: "RecordedExtractions | None" = None) -> dict:
     """The deterministic answer (as a dict) for a request: an answer with citations, sub-questions, or a
-    ChunkExtraction, by the fields of the response schema the request carries."""
+    ChunkExtraction, by the fields of the response schema the request carries (with ``replay``, the extraction
+    is the recording's for the chunk)."""
     if _asks_for(body, "cited_ids"):
         return cited_answer_for(body)
     if _asks_for(body, "sub_questions"):
         return sub_questions_for(body)
     heading, text = chunk_of(body)
     types = _allowed_types(body) or ["other"]
+    if replay is not None:
+        return replay.extraction(text, types)
     sentences = [s.strip() for s in _SENTENCE_END.split(" ".join(text.split())) if s.strip()]
     statements, entities, relations = [], {}, []
     for sentence in sentences:
@@ -236,8 +249,10 @@ class LLMTestServer:
     """An OpenAI chat-completions endpoint on 127.0.0.1 (ephemeral port by default), in a thread."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, model: str = DEFAULT_MODEL, latency: float = 0.0,
-                 max_lifetime: float = 600.0, timeout_seconds: float = 5.0):
+                 max_lifetime: float = 600.0, timeout_seconds: float = 5.0,
+                 replay: "RecordedExtractions | None" = None):
         self.host, self.port = host, port
+        self.replay = replay  # extraction answers from a recording (read-only, shared by the handler threads)
         self.model = model
         self.latency = latency
         self.max_lifetime = max_lifetime
@@ -404,7 +419,7 @@ class LLMTestServer:
         elif fault is not None and fault.kind == "invalid":
             answer = json.dumps({"topics": "not a list", "entities": [{"name": 42}], "relations": {"x": 1}})
         else:
-            answer = json.dumps(answer_for(body), ensure_ascii=False)
+            answer = json.dumps(answer_for(body, self.replay), ensure_ascii=False)
         prompt_tokens = sum(_words(_message_text(m)) for m in body.get("messages", []) if isinstance(m, dict))
         completion_tokens = _words(answer)
         self._account(prompt_tokens, completion_tokens)
@@ -540,16 +555,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fail-every", type=int, default=0, help="fail every n-th call with --fail-kind")
     parser.add_argument("--fail-kind", default="429")
     parser.add_argument("--max-seconds", type=float, default=3600.0, help="stop after this long (0: never)")
+    parser.add_argument("--replay", metavar="PATH", help="answer extractions from this recording, e.g. "
+                        "../shared/datasets/musique-hipporag/openie_gpt-3.5-turbo-1106.json")
+    parser.add_argument("--replay-corpus", metavar="DIR", help="the recorded passages (default: corpus/ beside it)")
     args = parser.parse_args(argv)
+    replay = None
+    if args.replay:
+        from tests.recorded_llm import RecordedExtractions
+
+        replay = RecordedExtractions.load(args.replay, args.replay_corpus)
     server = LLMTestServer(args.host, args.port, model=args.model, latency=args.latency,
-                           max_lifetime=args.max_seconds)
+                           max_lifetime=args.max_seconds, replay=replay)
     if args.fail_every:
         server.fail_every(args.fail_every, args.fail_kind)
     done = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: done.set())
     with server:
-        print(f"LLM test server listening on {server.base_url} (model {server.model})", flush=True)
+        mode = f", replaying {len(replay)} recorded passages" if replay is not None else ""
+        print(f"LLM test server listening on {server.base_url} (model {server.model}{mode})", flush=True)
         while not done.is_set() and server.running:
             done.wait(0.2)
     print(json.dumps(server.stats()), flush=True)
