@@ -55,7 +55,7 @@ def owners(group: str) -> list[str]:
 # Columns whose meaning an auditor asks about, wherever they appear.
 COLUMN_NOTES = {
     "content_hash": "sha256 of the source file's bytes: the source version",
-    "extractor": "extractor that produced the row (openai, heuristic)",
+    "extractor": "extractor that produced the row (openai, nlp)",
     "model": "model behind the row (the LLM, or the embedding model for vectors)",
     "prompt_version": "version of the extraction prompt (hash of prompt, schema and entity types)",
     "extracted_at": "when the extraction was made (UTC)",

@@ -1,7 +1,7 @@
 """The lexical graph as assets: chunk extractions → statements → topics / facts / entities → the graph load.
 
 Per document (partitioned, batched like the ingestion assets): `chunk_extractions` extracts every chunk,
-the skeleton ones with the LLM when one is configured (cached; the rest heuristically), and the
+the skeleton ones with the LLM when one is configured (cached; the rest by the offline NLP extractor), and the
 `lexical_tables` multi-asset flattens them into `document_statements`, `document_topics`,
 `document_facts` and `document_entities`, so the lineage reads Source → Chunk → Statement → Topic /
 Fact / Entity. Corpus-wide: `lexical_graph` loads all documents' tables, with entity and fact
@@ -98,38 +98,38 @@ def _extraction_problems(store, doc_ids: list[str]) -> dict[str, str]:
     "with a mention line, relations). Chunks of the current skeleton selection go to the LLM extractor when "
     "LEXGRAPH_LLM_BASE_URL is set (cached by chunk content, model and prompt version; masked first when "
     "LEXGRAPH_PII_MASKING=on); every other chunk, and any chunk whose LLM call failed, gets the LLM-free "
-    "heuristic extraction, with the failure recorded. Each row records extractor, model, prompt version and "
+    "offline extraction, with the failure recorded. Each row records extractor, model, prompt version and "
     "time; every model call and cache hit is a cost-ledger row. Stored as Parquet.",
     check_specs=[dg.AssetCheckSpec(
         "every_chunk_has_an_extraction", asset="chunk_extractions",
-        description="Every chunk of this run's documents has exactly one extraction row (LLM, cached or heuristic).")],
+        description="Every chunk of this run's documents has exactly one extraction row (LLM, cached or offline).")],
 )
 def chunk_extractions(context: dg.AssetExecutionContext, index: IndexResource,
                       extractors: ExtractorResource) -> dg.MaterializeResult:
     store, files = index.extract_store(), index.corpus_files()
     ready = with_output(context, store, pipeline.CHUNKS)
     skeleton = lexical.read_skeleton(files.skeleton)
-    llm, heuristic = extractors.llm(), extractors.heuristic()
+    llm, offline = extractors.llm(), extractors.offline()
     try:
-        result = lexical.extract_documents(ready, store, skeleton, llm, heuristic, index.extraction_cache(),
+        result = lexical.extract_documents(ready, store, skeleton, llm, offline, index.extraction_cache(),
                                            index.ledger(), context.run.run_id, masker=extractors.masker())
     finally:
         if llm is not None:
             llm.close()
     _report_failures(context, "chunk_extractions", result)
-    extractor = llm or heuristic
+    extractor = llm or offline
     breaker = getattr(llm, "breaker", None)  # the LLM client's circuit breaker (lexgraph.extract.llm)
     breaker_state = {"llm_circuit_breaker": dg.MetadataValue.json(breaker.snapshot())} if breaker else {}
     if breaker is not None and breaker.opens:
         context.log.warning(f"LLM circuit breaker opened {breaker.opens} time(s) (last: {breaker.last_failure}): "
-                            f"{breaker.refused} chunk(s) were not sent and kept their heuristic extraction; the next "
+                            f"{breaker.refused} chunk(s) were not sent and kept their offline extraction; the next "
                             "run sends them again")
     extra = {}
     for doc_id, figures in result.figures.items():
         if figures.get("not_sent"):
             context.log.warning(f"{doc_id}: {figures['not_sent']}")
         if figures.get("llm_failures"):
-            context.log.warning(f"{doc_id}: {figures['llm_failures']} chunk(s) kept their heuristic extraction "
+            context.log.warning(f"{doc_id}: {figures['llm_failures']} chunk(s) kept their offline extraction "
                                 "after the LLM failed (see the extractions' error column)")
         # what the stored rows were actually made by (an LLM run extracts only the skeleton chunks with it)
         extra[doc_id] = extraction_provenance(store, pipeline.EXTRACTIONS, doc_id)
@@ -140,7 +140,7 @@ def chunk_extractions(context: dg.AssetExecutionContext, index: IndexResource,
         # rows were actually made by
         metadata=batch_metadata(context, result, batch_extractor=extractor.name, batch_model=extractor.model,
                                 batch_prompt_version=extractor.prompt_version,
-                                heuristic_prompt_version=heuristic.prompt_version,
+                                offline_prompt_version=offline.prompt_version,
                                 skeleton_chunks_selected=len(skeleton), **_ledger_totals(index, context.run.run_id),
                                 **breaker_state),
         data_version=lexical_data_version(context, context.asset_key,

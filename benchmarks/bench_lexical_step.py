@@ -45,7 +45,7 @@ def add_document(home: Path, embedder, chunks: int = 20) -> str:
     from benchmarks.synthetic_index import CorpusSpec, document_name, document_text
     from lexgraph.build import lexical
     from lexgraph.build.pipeline import chunk_documents, load_graph, load_sources
-    from lexgraph.extract.heuristic import HeuristicExtractor
+    from lexgraph.extract.nlp_extractor import NLPExtractor
     from lexgraph.ids import document_id
     from lexgraph.settings import Settings
     from lexgraph.storage.extract_store import ExtractStore
@@ -64,7 +64,7 @@ def add_document(home: Path, embedder, chunks: int = 20) -> str:
     done = chunk_documents(sources.done, store, embedder, settings.chunk_tokens).done
     with GraphStore.writer(settings.graph_path) as graph:
         load_graph(done, store, graph, vectors)
-    lexical.extract_documents(done, store, set(), None, HeuristicExtractor(settings.entity_types), None, None, "bench")
+    lexical.extract_documents(done, store, set(), None, NLPExtractor(settings.entity_types), None, None, "bench")
     lexical.flatten_documents(done, store)
     return doc_id
 

@@ -91,7 +91,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         selected = pl.read_parquet(skeleton)["selected"]
         print(f"  skeleton: {int(selected.sum())} of {selected.len()} chunks selected for extraction")
     extractor = f"openai ({settings.llm_model} at {_endpoint(settings.llm_base_url)})" \
-        if settings.extractor == "openai" else "heuristic (no LLM endpoint configured)"
+        if settings.extractor == "openai" else "nlp (spaCy en_core_web_sm; no LLM endpoint configured)"
     calls = _llm_calls(settings)
     print(f"  extractor: {extractor}; LLM calls so far: {calls['calls']} ({calls['cache_hits']} cache hits, "
           f"{calls['prompt_tokens']} prompt + {calls['completion_tokens']} completion tokens)")

@@ -48,15 +48,15 @@ class LexIndex:
         return ExtractionCache(self.settings.extraction_cache_dir)
 
     def llm_extractor(self):
-        """The `openai` extractor when an endpoint is configured, else None (heuristic extraction only)."""
+        """The `openai` extractor when an endpoint is configured, else None (the offline NLP extraction only)."""
         from lexgraph.build.lexical import llm_extractor
 
         return llm_extractor(self.settings)
 
-    def heuristic_extractor(self):
-        from lexgraph.build.lexical import heuristic_extractor
+    def offline_extractor(self):
+        from lexgraph.build.lexical import offline_extractor
 
-        return heuristic_extractor(self.settings)
+        return offline_extractor(self.settings)
 
     def embedder(self):
         from lexgraph.extract.embedder import Embedder

@@ -49,7 +49,7 @@ class Settings:
     knn_k: int = DEFAULT_KNN_K
     knn_mode: str = "auto"
     beta: float = DEFAULT_BETA
-    # The LLM extractor: an OpenAI-compatible endpoint; none means the heuristic extractor.
+    # The LLM extractor: an OpenAI-compatible endpoint; none means the offline NLP extractor (spaCy).
     llm_base_url: str = ""
     llm_model: str = DEFAULT_LLM_MODEL
     # Never shown: not in repr, never in metadata, never in a Dagster resource's config.
@@ -183,8 +183,8 @@ class Settings:
 
     @property
     def extractor(self) -> str:
-        """`openai` when an endpoint is configured, else the LLM-free `heuristic` extractor."""
-        return "openai" if self.llm_base_url else "heuristic"
+        """`openai` when an endpoint is configured, else the LLM-free `nlp` extractor (spaCy)."""
+        return "openai" if self.llm_base_url else "nlp"
 
     @property
     def pii_masking_enabled(self) -> bool:

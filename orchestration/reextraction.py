@@ -3,7 +3,7 @@ re-extraction sensor and `lexgraph reextract`.
 
 Two causes. A skeleton selection change (the corpus job's skeleton_selection publishes its diff): only the
 documents with newly selected chunks re-run, and only those chunks call the LLM (the others are cache hits
-or heuristic). With the heuristic extractor a selection change changes nothing, so nothing re-runs. And a
+or offline). With the offline NLP extractor a selection change changes nothing, so nothing re-runs. And a
 prompt, model or entity-type change (a new code version on the extraction assets): re-processing is a
 deliberate backfill, `lexgraph reextract`, which re-runs every document whose extractions no longer match
 the current extractors; unchanged chunks are cache hits.
@@ -73,7 +73,7 @@ def changed_extractions(settings: Settings, catalog) -> dict[str, str]:
     openai = settings.extractor == "openai"
     return lexical.stale_documents(store, sorted(catalog), skeleton, settings.llm_model if openai else None,
                                    lexical.llm_prompt_version(settings) if openai else None,
-                                   lexical.heuristic_extractor(settings))
+                                   lexical.offline_extractor(settings))
 
 
 def extraction_requests(partition_keys: list[str], doc_ids, run_key: str, tags: dict[str, str]) -> list[dg.RunRequest]:

@@ -242,13 +242,13 @@ def corpus_index_sensor(context: dg.SensorEvaluationContext, index: IndexResourc
     job=extract_documents, minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING,
     description="When the corpus job publishes a new skeleton selection diff and an LLM is configured, requests "
     "batched extract_documents runs for exactly the documents with newly selected chunks (only those chunks call "
-    "the LLM; the rest are cache hits or heuristic). With the heuristic extractor a selection change needs no "
+    "the LLM; the rest are cache hits or offline). With the offline NLP extractor a selection change needs no "
     "re-extraction. The lexical graph then follows through the corpus sensor.",
 )
 def reextraction_sensor(context: dg.SensorEvaluationContext, index: IndexResource, lancedb: LanceDBResource):
     settings = index.settings()
     if settings.extractor != "openai":
-        return dg.SkipReason("no LLM configured (heuristic extractor): a skeleton selection change re-extracts nothing")
+        return dg.SkipReason("no LLM configured (offline NLP extractor): a skeleton selection change re-extracts nothing")
     digest, doc_ids = selection_reextraction(settings, lancedb.get().indexed_hashes())
     if digest is None:
         return dg.SkipReason("no skeleton selection published yet")

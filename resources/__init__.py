@@ -116,7 +116,7 @@ class KuzuResource(dg.ConfigurableResource):
 
 class ExtractorResource(dg.ConfigurableResource):
     """The lexical graph's extractors: `openai` (instructor over an OpenAI-compatible endpoint) when
-    LEXGRAPH_LLM_BASE_URL (or OPENAI_BASE_URL) is set, else none; always the LLM-free heuristic one; and
+    LEXGRAPH_LLM_BASE_URL (or OPENAI_BASE_URL) is set, else none; always the LLM-free spaCy one; and
     the PII masker when LEXGRAPH_PII_MASKING=on. Built from the index's settings."""
 
     index: IndexResource
@@ -124,8 +124,8 @@ class ExtractorResource(dg.ConfigurableResource):
     def llm(self) -> Extractor | None:
         return lexical.llm_extractor(self.index.settings())
 
-    def heuristic(self) -> Extractor:
-        return lexical.heuristic_extractor(self.index.settings())
+    def offline(self) -> Extractor:
+        return lexical.offline_extractor(self.index.settings())
 
     def masker(self):
         return lexical.pii_masker(self.index.settings())

@@ -8,7 +8,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Tests make their own instances; never write runs into the developer's DAGSTER_HOME.
 os.environ.pop("DAGSTER_HOME", None)
 # Tests choose their extractor: an endpoint, key or masking setting from the developer's shell must not
-# turn the default (heuristic, offline) tests into LLM calls.
+# turn the default (offline NLP) tests into LLM calls.
 for _variable in ("LEXGRAPH_LLM_BASE_URL", "LEXGRAPH_LLM_MODEL", "LEXGRAPH_LLM_API_KEY", "OPENAI_BASE_URL",
                   "OPENAI_API_KEY", "LEXGRAPH_PII_MASKING", "LEXGRAPH_ENTITY_TYPES"):
     os.environ.pop(_variable, None)

@@ -4,7 +4,7 @@ each document's materialization history naming its source version (sha256) and t
 prompt version of its extractions.
 
 One ingestion of a small corpus through Dagster with the LLM path on (the local OpenAI-protocol test
-server; β = 0.5, so a document's skeleton chunks go to the LLM and the rest are extracted heuristically)
+server; β = 0.5, so a document's skeleton chunks go to the LLM and the rest are extracted by the offline NLP extractor)
 serves every test of the module."""
 import hashlib
 import shutil
@@ -169,8 +169,8 @@ def test_each_documents_history_names_its_source_version_and_extraction_provenan
         extractors[doc_id] = extracted["extractor"]
         if "openai" in extracted["extractor"]:  # its skeleton chunks went to the LLM
             assert MODEL in extracted["model"].split(", ") and llm_prompt in extracted["prompt_version"].split(", ")
-    # with β = 0.5 the LLM made some documents' rows and the heuristic extractor others': both are named
-    assert any("openai" in e for e in extractors.values()) and any("heuristic" in e for e in extractors.values())
+    # with β = 0.5 the LLM made some documents' rows and the offline NLP extractor others': both are named
+    assert any("openai" in e for e in extractors.values()) and any("nlp" in e for e in extractors.values())
     # the removed document's history ends with its removal, naming the version that went
     assert gamma not in instance.get_dynamic_partitions("documents")
     for asset in ("source_document", "chunk_extractions", "document_statements"):

@@ -50,7 +50,7 @@ def test_the_html_bundle_marks_each_cited_span_in_its_source_with_its_provenance
         assert marked == cited["text"] == source_span(store, cited["source_sha256"], cited["char_start"],
                                                       cited["char_end"])
         assert html.escape(cited["context_before"][-40:]) in page and cited["source_sha256"] in page
-        assert cited["extractor"] == "heuristic" and cited["model"] and cited["prompt_version"]
+        assert cited["extractor"] == "nlp" and cited["model"] and cited["prompt_version"]
         for value in (cited["extractor"], cited["model"], cited["prompt_version"], cited["statement_id"]):
             assert html.escape(str(value)) in page
     assert html.escape(QUESTION) in page and html.escape(answered["answer"][:60]) in page

@@ -79,8 +79,8 @@ def test_status_names_an_index_of_another_version_left_beside_this_one(tmp_path,
     assert "notes" not in out and "lancedb sources: 0" in out
 
 
-def test_heuristic_lexical_graph_on_the_sample_corpus(indexed_sample, capsys):
-    """With no LLM configured, every chunk of the sample corpus is extracted heuristically into the lexical
+def test_offline_lexical_graph_on_the_sample_corpus(indexed_sample, capsys):
+    """With no LLM configured, every chunk of the sample corpus is extracted by the offline NLP extractor into the lexical
     graph: statements, topics, facts and entities, with provenance, resolved across documents, and no LLM call."""
     import polars as pl
 
@@ -92,12 +92,12 @@ def test_heuristic_lexical_graph_on_the_sample_corpus(indexed_sample, capsys):
     out = capsys.readouterr().out
     counts = {name: int(n) for name, n in re.findall(r"(Statement|Topic|Fact|Entity): (\d+)", out)}
     assert set(counts) == {"Statement", "Topic", "Fact", "Entity"} and min(counts.values()) > 0, out
-    assert "extractor: heuristic" in out and "LLM calls so far: 0 (0 cache hits" in out
+    assert "extractor: nlp" in out and "LLM calls so far: 0 (0 cache hits" in out
     assert re.search(r"skeleton: \d+ of \d+ chunks selected", out)
     settings = Settings.from_env(home=home)
     graph = GraphStore(settings.graph_path)
     try:
-        assert set(graph.query("MATCH (s:Statement) RETURN DISTINCT s.extractor AS e")["e"]) == {"heuristic"}
+        assert set(graph.query("MATCH (s:Statement) RETURN DISTINCT s.extractor AS e")["e"]) == {"nlp"}
         kestrel = graph.query("MATCH (e:Entity)-[:MENTIONED_IN]->(c:Chunk)-[:PART_OF]->(s:Source) "
                               "WHERE e.name STARTS WITH 'Kestrel Propulsion' "
                               "RETURN e.id AS id, count(DISTINCT s.id) AS sources")
@@ -110,7 +110,7 @@ def test_heuristic_lexical_graph_on_the_sample_corpus(indexed_sample, capsys):
     finally:
         graph.close()
     extractions = pl.read_parquet(settings.extract_dir / "extractions" / "*.parquet")
-    assert set(extractions["extractor"]) == {"heuristic"} and set(extractions["outcome"]) == {"ok"}
+    assert set(extractions["extractor"]) == {"nlp"} and set(extractions["outcome"]) == {"ok"}
     assert main(["--home", str(home), "cost"]) == 0
     stages = {line.split()[0] for line in capsys.readouterr().out.splitlines()[2:]}
     assert {"embedding", "keywords", "statement_embedding", "entity_embedding"} <= stages

@@ -1,5 +1,5 @@
 """The lexical graph's retrieval channels (statement, entity) on the sample corpus, ingested through Dagster
-with the default heuristic extractor: right documents, traversal budgets, an index without a lexical graph,
+with the default offline NLP extractor: right documents, traversal budgets, an index without a lexical graph,
 hostile queries, and the statements behind a chunk hit."""
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ OpenAI-protocol server on localhost (tests/llm_server.py), never a patched clien
 Only skeleton chunks reach the LLM; the cache makes a second run free; a prompt change re-extracts exactly
 the skeleton chunks; the selection diff re-extracts only the affected documents (CLI runner and sensor);
 entities and facts merge across documents; deleting a document rebuilds the rest without a call; PII is
-masked before anything is sent; a failed call keeps the heuristic extraction.
+masked before anything is sent; a failed call keeps the offline extraction.
 """
 import dagster as dg
 import polars as pl
@@ -92,12 +92,12 @@ def test_only_skeleton_chunks_reach_the_llm_then_cache_and_prompt_versions(tiny_
     by_llm = extractions.filter(pl.col("extractor") == "openai")
     assert set(by_llm["chunk_id"]) == set(skeleton["chunk_id"]) and set(by_llm["outcome"]) == {"ok"}
     assert set(by_llm["prompt_version"]) == {lexical.llm_prompt_version(settings)}
-    assert set(extractions.filter(pl.col("extractor") != "openai")["extractor"]) == {"heuristic"}
-    # provenance on the nodes: LLM statements come from skeleton chunks, heuristic ones from the rest
+    assert set(extractions.filter(pl.col("extractor") != "openai")["extractor"]) == {"nlp"}
+    # provenance on the nodes: LLM statements come from skeleton chunks, offline ones from the rest
     rows = query(settings, "MATCH (s:Statement)-[:EXTRACTED_FROM]->(c:Chunk) RETURN s.extractor AS extractor, "
                            "s.model AS model, s.prompt_version AS version, c.in_skeleton AS skeleton")
     assert set(rows.filter(pl.col("extractor") == "openai")["skeleton"]) == {True}
-    assert set(rows.filter(pl.col("extractor") == "heuristic")["skeleton"]) == {False}
+    assert set(rows.filter(pl.col("extractor") == "nlp")["skeleton"]) == {False}
     assert set(rows.filter(pl.col("extractor") == "openai")["model"]) == {MODEL}
     assert query(settings, f"MATCH (e:Entity) WHERE e.model CONTAINS '{MODEL}' RETURN count(e) AS n")["n"][0] > 0
     # every call is a ledger row with its tokens
@@ -126,7 +126,7 @@ def test_only_skeleton_chunks_reach_the_llm_then_cache_and_prompt_versions(tiny_
     meta = {k: v.value for k, v in record.asset_materialization.metadata.items()}
     assert meta["doc_id"] == doc and meta["skeleton_chunks"] == skeleton.filter(pl.col("doc_id") == doc).height
     assert meta["cache_hits"] == meta["skeleton_chunks"] and meta["llm_calls"] == 0
-    assert MODEL in meta["model"].split(", ")  # the models its rows were made by (its other chunks: heuristic)
+    assert MODEL in meta["model"].split(", ")  # the models its rows were made by (its other chunks: nlp)
 
     from orchestration.cli import main
 
@@ -308,7 +308,7 @@ def test_pii_is_masked_before_anything_reaches_the_llm(tmp_path, home, instance,
     assert "annika.vogt@kestrel.example" in "".join(query(settings, "MATCH (c:Chunk) RETURN c.text AS t")["t"])
 
 
-def test_failed_calls_keep_the_heuristic_extraction_and_a_failed_masking_sends_nothing(tmp_path, llm, monkeypatch):
+def test_failed_calls_keep_the_offline_extraction_and_a_failed_masking_sends_nothing(tmp_path, llm, monkeypatch):
     monkeypatch.setenv("LEXGRAPH_LLM_MAX_RETRIES", "1")
     settings = Settings.from_env(home=tmp_path / "home", llm_base_url=llm.base_url, llm_model=MODEL)
     store = ExtractStore(settings.extract_dir)
@@ -321,13 +321,13 @@ def test_failed_calls_keep_the_heuristic_extraction_and_a_failed_masking_sends_n
     cache, ledger = ExtractionCache(settings.extraction_cache_dir), CostLedger(settings.ledger_dir)
     llm.fail_when("FAILME", "500")
     extractor = lexical.llm_extractor(settings)
-    result = lexical.extract_documents(["d1"], store, skeleton, extractor, lexical.heuristic_extractor(settings),
+    result = lexical.extract_documents(["d1"], store, skeleton, extractor, lexical.offline_extractor(settings),
                                        cache, ledger, "run-1")
     rows = {r["chunk_id"]: r for r in store.read("extractions", "d1").iter_rows(named=True)}
     assert rows["d1-c0"]["extractor"] == "openai" and rows["d1-c0"]["outcome"] == "ok"
     failed = rows["d1-c1"]
-    assert failed["extractor"] == "heuristic" and failed["outcome"].startswith("failed") and "500" in failed["error"]
-    assert "Bolt Engines" in failed["extraction"]  # the heuristic extraction, not nothing
+    assert failed["extractor"] == "nlp" and failed["outcome"].startswith("failed") and "500" in failed["error"]
+    assert "Bolt Engines" in failed["extraction"]  # the offline extraction, not nothing
     assert result.figures["d1"]["llm_failures"] == 1 and result.figures["d1"]["llm_calls"] == 2
     recorded = ledger.read().filter(pl.col("chunk_id") == "d1-c1").row(0, named=True)
     assert recorded["outcome"].startswith("failed") and recorded["attempts"] == 2  # first try and one retry
@@ -342,10 +342,10 @@ def test_failed_calls_keep_the_heuristic_extraction_and_a_failed_masking_sends_n
 
     calls = llm.calls
     masked = OpenAIExtractor(lexical.llm_config(settings), masker=masker)
-    result = lexical.extract_documents(["d2"], store, skeleton, masked, lexical.heuristic_extractor(settings),
+    result = lexical.extract_documents(["d2"], store, skeleton, masked, lexical.offline_extractor(settings),
                                        cache, ledger, "run-2", masker=masker)
     assert llm.calls == calls  # neither of the document's chunks was sent
     assert "PII masking failed" in result.figures["d2"]["not_sent"]
     rows = store.read("extractions", "d2")
-    assert set(rows["extractor"]) == {"heuristic"} and set(rows["outcome"]) == {"not sent: masking failed"}
+    assert set(rows["extractor"]) == {"nlp"} and set(rows["outcome"]) == {"not sent: masking failed"}
     assert rows["error"].str.contains("cannot mask this text").all()

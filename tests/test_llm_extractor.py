@@ -40,7 +40,7 @@ CHUNK = ChunkInput("doc-a-c00000-abc", "doc-a", TEXT, "Alpha > Terms")
 
 
 class StubFallback:
-    """Stands in for the heuristic extractor: one statement, the whole chunk."""
+    """Stands in for the offline extractor: one statement, the whole chunk."""
 
     name = "heuristic"
     model = "none"

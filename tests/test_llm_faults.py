@@ -2,7 +2,7 @@
 (tests/llm_server.py) while it injects faults, never a patched client.
 
 - A storm over 100 documents (timeouts, a run of 429s, malformed JSON): the run completes, every failed
-  call is a ledger row with its reason, the failed chunks keep their heuristic extraction, and the next
+  call is a ledger row with its reason, the failed chunks keep their offline extraction, and the next
   run sends exactly those chunks again and nothing that succeeded (cache hits).
 - An endpoint that is down opens the circuit breaker after exactly N failed calls; no request follows,
   the remaining chunks are refused at no cost, each a ledger row, and the run's metadata says so. After
@@ -204,13 +204,13 @@ def test_a_storm_over_100_documents_completes_and_the_next_run_retries_exactly_t
         assert sorted(ledger.filter(pl.col("outcome") != "ok")["chunk_id"]) == failed
         assert ledger["prompt_tokens"].sum() > 0 and set(ledger["model"]) == {MODEL}
 
-        # the failed chunks keep their heuristic extraction, with the failure on their row; the rest are the LLM's
+        # the failed chunks keep their offline extraction, with the failure on their row; the rest are the LLM's
         rows = extractions(settings)
         assert sorted(rows) == sorted(text_of)
         for chunk, row in rows.items():
             if chunk in failed:
-                assert row["extractor"] == "heuristic" and row["outcome"].startswith("failed: ") and row["error"]
-                assert "Supplier" in row["extraction"]  # the heuristic extraction, not nothing
+                assert row["extractor"] == "nlp" and row["outcome"].startswith("failed: ") and row["error"]
+                assert "Supplier" in row["extraction"]  # the offline extraction, not nothing
             else:
                 assert (row["extractor"], row["model"], row["outcome"]) == ("openai", MODEL, "ok"), chunk
         statements = pl.read_parquet(settings.extract_dir / pipeline.STATEMENTS / "*.parquet")
@@ -275,7 +275,7 @@ def test_a_down_endpoint_opens_the_breaker_after_exactly_n_failed_calls_then_not
         assert refused["attempts"].sum() == 0 and refused["prompt_tokens"].sum() == 0  # nothing sent, nothing paid
         assert sorted(refused["chunk_id"]) == [f"{doc_id(i)}-c0" for i in range(3, 12)]
         rows = extractions(settings)
-        assert {r["extractor"] for r in rows.values()} == {"heuristic"}  # every chunk keeps an extraction
+        assert {r["extractor"] for r in rows.values()} == {"nlp"}  # every chunk keeps an extraction
         assert all("circuit breaker open after 3 consecutive failed calls" in rows[c]["error"]
                    for c in refused["chunk_id"])
         # and it says so: a warning in the run's log, the breaker's state in the metadata
@@ -491,7 +491,7 @@ def test_kill_9_during_extraction_then_rerun_equals_a_clean_build_and_pays_no_ca
     rows = extractions(settings)
     written = {chunk for chunk, row in rows.items() if row["extractor"] == "openai"}
     assert written < set(cached_chunks(home))  # killed between a paid call and its document's write
-    # and the documents it wrote were not flattened yet: their statements are still the heuristic ones
+    # and the documents it wrote were not flattened yet: their statements are still the offline ones
     written_docs = sorted({rows[chunk]["doc_id"] for chunk in written})
     assert written_docs and lexical.documents_with_unflattened_extractions(
         ExtractStore(settings.extract_dir), sorted({row["doc_id"] for row in rows.values()})) == written_docs

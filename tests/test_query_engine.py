@@ -39,7 +39,7 @@ def test_an_answer_cites_an_exact_span_of_its_source(service, sample_home):
     [cited] = record["citations"]
     assert _exact(service.settings, citation, cited["doc_id"]) == citation["text"]
     assert cited["source_sha256"] and cited["context_before"] + citation["text"] + cited["context_after"]
-    assert cited["extractor"] == "heuristic" and cited["prompt_version"]  # the statement the span falls in
+    assert cited["extractor"] == "nlp" and cited["prompt_version"]  # the statement the span falls in
     assert record["index"]["catalog_digest"] and record["log"]["route"] == "semantic"
 
 

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from lexgraph.build.lexical import HeuristicRows
-from lexgraph.extract.heuristic import HeuristicExtractor
+from lexgraph.build.lexical import OfflineRows
+from lexgraph.extract.nlp_extractor import NLPExtractor
 from lexgraph.extract import keywords
 from lexgraph.extract.keywords import extract_keywords
 from lexgraph.extract.schemas import ChunkInput
@@ -14,26 +14,26 @@ TEXT = "Dana Frost of Bolt Engines met Alpha Shipping in Bergen on 3 May 2024 ab
 OTHER = "The arbitration over contract C-1 awarded EUR 2 million to Alpha Shipping."
 
 
-class Counting(HeuristicExtractor):
-    """The real extractor, counting its calls."""
+class Counting(NLPExtractor):
+    """The real extractor, counting the chunks it extracts."""
 
     def __init__(self) -> None:
         super().__init__()
         self.calls = 0
 
-    def extract(self, chunk):
-        self.calls += 1
-        return super().extract(chunk)
+    def extract_many(self, chunks):
+        self.calls += len(chunks)
+        return super().extract_many(chunks)
 
 
 def _fresh(chunk: ChunkInput) -> str:
-    extraction = HeuristicExtractor().extract(chunk).extraction
+    extraction = NLPExtractor().extract(chunk).extraction
     return json.dumps(extraction.model_dump(mode="json"), ensure_ascii=False, sort_keys=True)
 
 
 def test_a_repeated_chunk_text_is_extracted_once_and_its_row_is_its_own():
     extractor = Counting()
-    rows = HeuristicRows(extractor)
+    rows = OfflineRows(extractor)
     chunks = [ChunkInput(f"c{i}", "doc", TEXT if i % 2 == 0 else OTHER, "Notes") for i in range(6)]
     found = [rows.row(chunk, in_skeleton=False) for chunk in chunks]
     assert extractor.calls == 2
@@ -44,7 +44,7 @@ def test_a_repeated_chunk_text_is_extracted_once_and_its_row_is_its_own():
 
 def test_the_same_text_under_other_headings_is_extracted_again():
     extractor = Counting()
-    rows = HeuristicRows(extractor)
+    rows = OfflineRows(extractor)
     first = rows.row(ChunkInput("a", "doc", TEXT, "Board > Minutes"), in_skeleton=False)
     second = rows.row(ChunkInput("b", "doc", TEXT, "Claims"), in_skeleton=False)
     assert extractor.calls == 2
@@ -55,7 +55,7 @@ def test_the_same_text_under_other_headings_is_extracted_again():
 
 def test_the_memory_is_bounded_oldest_first():
     extractor = Counting()
-    rows = HeuristicRows(extractor, limit=2)
+    rows = OfflineRows(extractor, limit=2)
     texts = [f"Alpha Shipping signed contract C-{i} with Bolt Engines." for i in range(3)]
     for i, text in enumerate(texts):
         rows.row(ChunkInput(f"c{i}", "doc", text), in_skeleton=False)

@@ -65,7 +65,7 @@ def test_every_command_stops_with_exit_2(tmp_path, monkeypatch, capsys, environ,
 
 
 def test_llm_settings_fall_back_to_openai_variables_and_pick_the_extractor():
-    assert Settings.from_env({}).extractor == "heuristic"
+    assert Settings.from_env({}).extractor == "nlp"
     fallback = Settings.from_env({"OPENAI_BASE_URL": "http://127.0.0.1:8000/v1", "OPENAI_API_KEY": "sk-fallback"})
     assert (fallback.extractor, fallback.llm_base_url, fallback.llm_api_key) == (
         "openai", "http://127.0.0.1:8000/v1", "sk-fallback")

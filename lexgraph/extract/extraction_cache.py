@@ -9,7 +9,7 @@ warning, and is overwritten by the next ``put``.
 A model or prompt change gives a new key, so old entries are simply not found: nothing is
 invalidated in place, and switching back finds the old entries again.
 
-Only an LLM's own validated answer is stored: the extraction stage never puts a fallback (the heuristic
+Only an LLM's own validated answer is stored: the extraction stage never puts a fallback (the offline
 extraction a chunk keeps when its call failed, or was refused by the open circuit breaker) under the
 LLM's key, so such a chunk is a miss and is sent again by the next run, while every chunk that
 succeeded stays a hit and is never paid for twice. An entry is written right after its call (and

@@ -1,7 +1,7 @@
 """What one chunk's extraction is: the lexical graph's Statement / Topic / Fact / Entity / Relation.
 
 One :class:`ChunkExtraction` per chunk, produced by any :class:`Extractor` (the LLM through
-instructor, or the heuristic one). The pydantic models are the LLM's response model, so their
+instructor, or the offline NLP one). The pydantic models are the LLM's response model, so their
 field descriptions are the JSON schema it sees, and their validators are what keeps a
 half-right answer usable instead of failing it:
 

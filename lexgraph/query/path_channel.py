@@ -13,7 +13,7 @@ and the ``path_start_top`` nearest entity vectors (weighted by their cosine with
 
 **Answer types** (:func:`answer_types`): the question word, or the noun after "which"/"what", names the entity
 types a good answer has: who → person, organization; where → location; when / what year → date, event;
-how much → money; "which company" → organization, "which ship" → vessel... (the heuristic extractor's and the
+how much → money; "which company" → organization, "which ship" → vessel... (the offline extractor's and the
 LLM schema's types, ``lexgraph.extract.schemas.DEFAULT_ENTITY_TYPES``). A question with none gives no bonus.
 
 **Paths** (:func:`find_paths`): a beam search along the relations, at most ``path_hops`` hops (1–2), each node
