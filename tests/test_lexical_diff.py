@@ -1,6 +1,6 @@
 """The lexical graph written as a difference: documents added, changed and removed one at a time leave the
 same Kùzu nodes and edges and the same LanceDB statement and entity rows as a build from nothing; damaged
-inputs and a damaged saved state fall back safely. Real Kùzu, real LanceDB, the heuristic extractor."""
+inputs and a damaged saved state fall back safely. Real Kùzu, real LanceDB, the offline NLP extractor."""
 from __future__ import annotations
 
 import shutil
@@ -14,7 +14,7 @@ from lexgraph.build import lexical
 from lexgraph.build.corpus_index import CorpusFiles
 from lexgraph.build.pipeline import (STATEMENTS, chunk_documents, embed_documents, load_graph, load_sources,
                                      purge_documents)
-from lexgraph.extract.heuristic import HeuristicExtractor
+from lexgraph.extract.nlp_extractor import NLPExtractor
 from lexgraph.ids import document_id
 from lexgraph.settings import Settings
 from lexgraph.storage.extract_store import ExtractStore
@@ -47,7 +47,7 @@ class Index:
         embed_documents(chunks.done, self.store, self.embedder, self.vectors)
         with GraphStore.writer(self.settings.graph_path) as graph:
             load_graph(chunks.done, self.store, graph, self.vectors)
-        lexical.extract_documents(chunks.done, self.store, set(), None, HeuristicExtractor(self.settings.entity_types),
+        lexical.extract_documents(chunks.done, self.store, set(), None, NLPExtractor(self.settings.entity_types),
                                   None, None, "test")
         lexical.flatten_documents(chunks.done, self.store)
         return doc_id
@@ -301,3 +301,111 @@ def test_vector_rows_lost_behind_the_builds_back_are_found_and_restored(index, t
     assert result.mode == "diff", result.reason
     assert result.statement_vectors.startswith("scanned") and result.entity_vectors.startswith("replaced")
     assert_same(index.snapshot(), from_scratch(index, tmp_path))
+
+
+class Scripted:
+    """An extractor that reads what it extracts from the chunk's lines ("entity: Jordan | person", "fact: Jordan |
+    borders | Israel", "relation: Jordan | Amman | has capital"), so the types are the test's, not a model's."""
+
+    name, model, prompt_version = "scripted", "scripted-v1", "s1"
+
+    def extract(self, chunk):
+        from lexgraph.extract.schemas import ChunkExtraction, ExtractionOutcome
+
+        entities, statements, relations = [], [], []
+        for line in chunk.text.splitlines():
+            kind, _, rest = line.partition(": ")
+            parts = [part.strip() for part in rest.split("|")]
+            if kind == "entity":
+                entities.append({"name": parts[0], "type": parts[1], "description": f"{parts[0]}, a {parts[1]}.",
+                                 "mention": line})
+            elif kind == "fact":
+                statements.append({"text": " ".join(parts) + ".",
+                                   "facts": [dict(zip(("subject", "predicate", "object"), parts))]})
+            elif kind == "relation":
+                relations.append({"source": parts[0], "target": parts[1], "predicate": parts[2], "description": line,
+                                  "strength": 0.8})
+        extraction = ChunkExtraction.model_validate(
+            {"topics": [{"name": "notes", "statements": statements}] if statements else [], "entities": entities,
+             "relations": relations})
+        return ExtractionOutcome(extraction, self.name, self.model, self.prompt_version)
+
+
+def put_scripted(index: Index, name: str, lines: list[str]) -> str:
+    """Index.put with the Scripted extractor."""
+    (index.inbox / name).write_text("\n".join(lines) + "\n")
+    doc_id = document_id(name)
+    sources = load_sources({doc_id: index.inbox / name}, index.inbox, index.store, index.settings.index_version)
+    chunks = chunk_documents(sources.done, index.store, index.embedder, index.settings.chunk_tokens)
+    embed_documents(chunks.done, index.store, index.embedder, index.vectors)
+    with GraphStore.writer(index.settings.graph_path) as graph:
+        load_graph(chunks.done, index.store, graph, index.vectors)
+    lexical.extract_documents(chunks.done, index.store, set(), None, Scripted(), None, None, "test")
+    lexical.flatten_documents(chunks.done, index.store)
+    return doc_id
+
+
+def same_as_scratch(index: Index, tmp_path: Path, result: lexical.LexicalGraphResult) -> dict:
+    """assert_same against a build from nothing, and the same entity merges and digest; -> the snapshot."""
+    snap = index.snapshot()
+    assert_same(snap, from_scratch(index, tmp_path))
+    scratch = sorted(tmp_path.glob("scratch-*"), key=lambda p: int(p.name.split("-")[1]))[-1] / "home"
+    other = Index(scratch, index.inbox, index.embedder)
+    again = other.build()  # the state the scratch build saved: nothing to do, and its merges as they stand
+    assert again.mode == "diff" and again.documents_read == []
+    assert result.merges_frame.equals(again.merges_frame) and result.digest == again.digest
+    return snap
+
+
+TYPED = {
+    "atlas.txt": ["entity: Jordan | location", "entity: Amman | location", "entity: Israel | location",
+                  "fact: Jordan | borders | Israel", "relation: Jordan | Amman | has capital"],
+    "news.txt": ["entity: Jordan | other", "entity: Israel | location", "fact: Jordan | borders | Israel"],
+    "crew.txt": ["entity: Jordan | person", "entity: Bolt Engines | organization",
+                 "fact: Jordan | works at | Bolt Engines", "relation: Jordan | Bolt Engines | works at"],
+    "letters.txt": ["entity: Jordan | person", "entity: Bolt Engines | organization",
+                    "fact: Jordan | works at | Bolt Engines"],
+}
+
+
+def test_a_document_that_splits_a_name_by_type_and_its_removal_equal_a_build_from_nothing(index, tmp_path):
+    """The country Jordan arrives beside the person Jordan (a split), a second person document hands the name's id
+    to the person, and the documents leave again until the split is undone: after each step the diff equals a
+    build from nothing, and only documents whose rows of Jordan resolve anew are rewritten besides the changed."""
+    from lexgraph.build.resolution import entity_id
+
+    crew, news = put_scripted(index, "crew.txt", TYPED["crew.txt"]), put_scripted(index, "news.txt", TYPED["news.txt"])
+    index.build()
+    jordans = lambda snap: {row[2]: row[0] for row in snap["Entity"] if row[1] == "Jordan"}  # noqa: E731 type -> id
+    assert jordans(index.snapshot()) == {"person": entity_id("Jordan")}  # news's untyped Jordan joined the person
+
+    atlas = put_scripted(index, "atlas.txt", TYPED["atlas.txt"])
+    split = index.build()
+    assert split.mode == "diff", split.reason
+    assert split.changes["resolved_again"] == [crew]  # its person left the name's id; news's bare Jordan did not
+    snap = same_as_scratch(index, tmp_path, split)
+    ids = jordans(snap)
+    assert set(ids) == {"location", "person"} and ids["location"] == entity_id("Jordan")  # a tie: location keeps it
+    by_predicate = {row[2]: row for row in snap["Fact"]}
+    assert {(e, f) for e, f, *_ in snap["SUBJECT"]} >= {(ids["person"], by_predicate["works at"][0]),
+                                                        (ids["location"], by_predicate["borders"][0])}
+    assert by_predicate["borders"][4] == 2  # atlas's and news's statements: news's bare Jordan is the larger family
+    apart = split.merges_frame.filter(pl.col("reason").str.starts_with("kept apart"))
+    assert sorted(apart["entity_id"].to_list()) == sorted(ids.values())
+
+    put_scripted(index, "letters.txt", TYPED["letters.txt"])
+    tipped = index.build()
+    assert tipped.mode == "diff" and tipped.changes["resolved_again"] == sorted([atlas, crew, news])
+    ids = jordans(same_as_scratch(index, tmp_path, tipped))
+    assert ids["person"] == entity_id("Jordan") and ids["location"] != entity_id("Jordan")  # 2 persons, 1 place
+
+    index.remove("letters.txt")
+    back = index.build()
+    assert back.mode == "diff" and back.changes["resolved_again"] == sorted([atlas, crew, news]), back.reason
+    assert jordans(same_as_scratch(index, tmp_path, back))["location"] == entity_id("Jordan")
+
+    index.remove("atlas.txt")
+    joined = index.build()
+    assert joined.mode == "diff" and joined.changes["resolved_again"] == [crew], joined.reason
+    assert jordans(same_as_scratch(index, tmp_path, joined)) == {"person": entity_id("Jordan")}
+    assert not joined.merges_frame.filter(pl.col("reason").str.starts_with("kept apart")).height

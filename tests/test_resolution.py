@@ -13,6 +13,8 @@ from lexgraph.build.resolution import (
     MERGE_SCHEMA,
     RELATION_SCHEMA,
     entity_id,
+    entity_ids_of_rows,
+    entity_senses,
     fact_id,
     merge_reasons,
     normalise_entity_name,
@@ -20,7 +22,7 @@ from lexgraph.build.resolution import (
     resolve_facts,
     resolve_relations,
 )
-from lexgraph.extract.heuristic import HeuristicExtractor
+from lexgraph.extract.nlp_extractor import NLPExtractor
 from lexgraph.extract.schemas import ChunkInput
 
 _SAFE = re.compile(r"^[a-z0-9._-]+$")
@@ -215,10 +217,10 @@ def test_relations_fold_onto_resolved_entities():
     assert resolve_relations(frame.reverse()).equals(relations)
 
 
-def test_heuristic_extractions_resolve_across_documents():
-    extractor = HeuristicExtractor()
+def test_offline_extractions_resolve_across_documents():
+    extractor = NLPExtractor()
     texts = {"profile": "Kestrel Propulsion GmbH is a German manufacturer. Dr. Annika Vogt joined Kestrel in 2011.",
-             "email": "We met the Kestrel Propulsion team in Kiel. Annika Vogt was there.",
+             "email": "Annika Vogt of the Kestrel Propulsion signed the delivery note in Kiel.",
              "vessel": "The MV Kestrel Dawn sailed from Bergen."}
     rows = []
     for doc, text in texts.items():
@@ -226,9 +228,102 @@ def test_heuristic_extractions_resolve_across_documents():
             rows.append((entity.name, entity.type, entity.description, f"{doc}-c1", doc))
     random.Random(0).shuffle(rows)
     entities, merges = resolve_entities(_entity_rows(rows))
-    by_name = {row["name"]: row for row in entities.iter_rows(named=True)}
-    assert by_name["Kestrel Propulsion GmbH"]["doc_ids"] == ["email", "profile"]
-    assert by_name["Annika Vogt"]["doc_ids"] == ["email", "profile"]
-    assert by_name["Annika Vogt"]["entity_type"] == "person"
-    assert by_name["Kestrel Dawn"]["entity_type"] == "vessel"
+    by_key = {row["entity_key"]: row for row in entities.iter_rows(named=True)}
+    assert by_key["kestrel propulsion"]["doc_ids"] == ["email", "profile"]
+    assert by_key["annika vogt"]["doc_ids"] == ["email", "profile"]  # "Dr. Annika Vogt" and "Annika Vogt"
+    assert by_key["annika vogt"]["entity_type"] == "person"
+    assert by_key["kestrel dawn"]["entity_type"] == "vessel"
     assert "Kestrel Propulsion" in merges["surface_form"].to_list()
+
+
+# -- types: a person and a place of one name ----------------------------------------------------
+
+JORDAN = [
+    ("Jordan", "person", "Engineer at Kestrel.", "cv-c1", "cv"),
+    ("jordan", "organization", "", "cv-c1", "cv"),  # NER noise in a chunk that calls Jordan a person
+    ("Jordan", "location", "Country in the Middle East.", "atlas-c1", "atlas"),
+    ("Jordan", "location", "Kingdom east of the river.", "atlas-c2", "atlas"),
+    ("JORDAN", "other", "", "memo-c1", "memo"),  # untyped, in a chunk that types no Jordan: the larger family
+    ("Amman", "location", "Capital.", "atlas-c1", "atlas"),
+]
+JORDAN_FACTS = [
+    ("Jordan", "works at", "Kestrel Propulsion", "s1", "cv-c1", "cv"),
+    ("Jordan", "borders", "Israel", "s2", "atlas-c1", "atlas"),
+    ("Jordan", "borders", "Israel", "s3", "news-c1", "news"),  # no entity rows in that chunk: the larger family
+    ("Jordan", "works at", "Kestrel Propulsion", "s4", "atlas-c2", "atlas"),  # the place's chunk: the place's fact
+]
+
+
+def test_a_person_and_a_place_of_one_name_stay_two_entities_each_with_its_facts():
+    frame = _entity_rows(JORDAN)
+    senses = entity_senses(frame)
+    assert list(senses) == ["jordan"] and senses["jordan"].major == "location"  # 2 typed mentions against 1
+    entities, merges = resolve_entities(frame)
+    jordan = {row["entity_type"]: row for row in entities.iter_rows(named=True) if row["entity_key"] == "jordan"}
+    assert set(jordan) == {"person", "location"}
+    place, person = jordan["location"], jordan["person"]
+    assert place["entity_id"] == entity_id("Jordan")  # the larger family keeps the name's id
+    assert person["entity_id"] != place["entity_id"] and _SAFE.match(person["entity_id"])
+    assert person["chunk_ids"] == ["cv-c1"] and person["mention_count"] == 2  # the ORG row of its chunk joined it
+    assert place["doc_ids"] == ["atlas", "memo"] and place["mention_count"] == 3  # the untyped row joined the place
+    assert "Engineer at Kestrel." not in place["description"]
+    apart = {row["entity_id"]: row for row in merges.iter_rows(named=True) if row["reason"].startswith("kept apart")}
+    assert apart[person["entity_id"]]["reason"] == (
+        f"kept apart from the location Jordan ({place['entity_id']}): types person vs location "
+        "(1 vs 2 typed mentions)")
+    assert apart[place["entity_id"]]["reason"].startswith(f"kept apart from the person Jordan ({person['entity_id']})")
+    assert apart[place["entity_id"]]["doc_ids"] == ["cv"] and apart[place["entity_id"]]["mention_count"] == 0
+    folded = merges.filter(pl.col("entity_id") == place["entity_id"], ~pl.col("reason").str.starts_with("kept"))
+    assert folded.select("surface_form", "reason").rows() == [("JORDAN", "case")]  # merge reasons as before
+
+    facts = resolve_facts(_fact_rows(JORDAN_FACTS), senses)
+    by_subject = {(row["subject_entity_id"], row["predicate"]): row for row in facts.iter_rows(named=True)}
+    assert set(by_subject) == {(person["entity_id"], "works at"), (place["entity_id"], "borders"),
+                               (place["entity_id"], "works at")}
+    assert by_subject[(place["entity_id"], "borders")]["statement_ids"] == ["s2", "s3"]
+    assert by_subject[(place["entity_id"], "borders")]["fact_id"] == fact_id("Jordan", "borders", "Israel")
+    works = by_subject[(person["entity_id"], "works at")]
+    assert works["statement_ids"] == ["s1"] and works["fact_id"] != fact_id("Jordan", "works at", "Kestrel Propulsion")
+    assert resolve_facts(_fact_rows(JORDAN_FACTS)).height == 2  # without types: one entity, as before
+
+    relations = pl.DataFrame(
+        [("Jordan", "Amman", "has capital", "", 1.0, "atlas-c1", "atlas"),
+         ("Jordan", "Kestrel Propulsion", "works at", "", 1.0, "cv-c1", "cv")],
+        schema=["source", "target", "predicate", "description", "strength", "chunk_id", "doc_id"], orient="row")
+    relations = resolve_relations(relations, senses)
+    assert dict(zip(relations["predicate"], relations["source_entity_id"])) == {
+        "has capital": place["entity_id"], "works at": person["entity_id"]}
+    mentions = dict(zip(zip(frame["entity_name"], frame["chunk_id"]), entity_ids_of_rows(frame, senses)))
+    assert mentions[("jordan", "cv-c1")] == person["entity_id"]
+    assert mentions[("JORDAN", "memo-c1")] == place["entity_id"]
+
+
+def test_a_split_is_order_independent_and_a_tie_goes_to_the_first_family():
+    frame = _entity_rows(JORDAN)
+    expected = resolve_entities(frame)
+    facts = resolve_facts(_fact_rows(JORDAN_FACTS), entity_senses(frame))
+    for seed in range(5):
+        shuffled = frame.sample(fraction=1.0, shuffle=True, seed=seed)
+        entities, merges = resolve_entities(shuffled)
+        assert entities.equals(expected[0]) and merges.equals(expected[1])
+        senses = entity_senses(shuffled)
+        shuffled_facts = _fact_rows(JORDAN_FACTS).sample(fraction=1.0, shuffle=True, seed=seed)
+        assert resolve_facts(shuffled_facts, senses).equals(facts)
+    tie = _entity_rows([JORDAN[0], JORDAN[2]])
+    assert entity_senses(tie)["jordan"].major == "location"
+    assert resolve_entities(tie)[0].filter(pl.col("entity_id") == entity_id("Jordan"))["entity_type"].to_list() == [
+        "location"]
+
+
+def test_without_a_person_and_a_place_nothing_changes():
+    """A person that NER also calls an organization, or a name only ever untyped, is one entity with the name's id."""
+    rows = [("Morgan Hale", "person", "", "a-c1", "a"), ("Morgan Hale", "organization", "", "b-c1", "b"),
+            ("Morgan Hale", "organization", "", "c-c1", "c"), ("Morgan Hale", "other", "", "d-c1", "d"),
+            ("Bergen", "location", "", "a-c1", "a"), ("Bergen", "other", "", "b-c1", "b")]
+    frame = _entity_rows(rows)
+    assert entity_senses(frame) == {}
+    entities, merges = resolve_entities(frame)
+    assert entities["entity_id"].sort().to_list() == sorted([entity_id("Morgan Hale"), entity_id("Bergen")])
+    assert entities.filter(pl.col("name") == "Morgan Hale")["entity_type"].to_list() == ["organization"]
+    assert merges.height == 0
+    assert entity_ids_of_rows(frame).to_list() == [entity_id(name) for name, *_ in rows]

@@ -3,7 +3,7 @@
 1. Extract (`extract_documents`): one ChunkExtraction per chunk, kept per document as the Parquet
    `extractions` stage. Skeleton chunks go to the LLM extractor when one is configured (through the
    extraction cache, keyed by chunk content, model and prompt version, so a chunk never pays twice);
-   every other chunk, and every chunk whose LLM call failed or could not be sent, gets the heuristic
+   every other chunk, and every chunk whose LLM call failed or could not be sent, gets the offline
    extraction, and the failure is recorded on its row. Every model call and cache hit is a cost-ledger row.
    Only the LLM's own answers are cached, never a fallback, so a chunk whose call failed (or was refused
    by the open circuit breaker) is sent again by the next run (`documents_with_llm_failures`), and only
@@ -88,9 +88,9 @@ class ExtractionTally:
     skeleton_chunks: int = 0
     llm_calls: int = 0  # calls that reached the model (cache misses; retries are one call)
     cache_hits: int = 0
-    llm_failures: int = 0  # chunks that kept the heuristic extraction after the LLM failed
-    llm_refused: int = 0  # chunks not sent because the circuit breaker was open (heuristic extraction kept)
-    heuristic_chunks: int = 0
+    llm_failures: int = 0  # chunks that kept the offline extraction after the LLM failed
+    llm_refused: int = 0  # chunks not sent because the circuit breaker was open (offline extraction kept)
+    offline_chunks: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     not_sent: str = ""  # why none of the document's chunks was sent (PII masking failed)
@@ -98,7 +98,7 @@ class ExtractionTally:
     def figures(self) -> dict:
         figures = {"rows": self.chunks, "chunks": self.chunks, "skeleton_chunks": self.skeleton_chunks,
                    "llm_calls": self.llm_calls, "cache_hits": self.cache_hits, "llm_failures": self.llm_failures,
-                   "llm_refused_circuit_open": self.llm_refused, "heuristic_chunks": self.heuristic_chunks,
+                   "llm_refused_circuit_open": self.llm_refused, "offline_chunks": self.offline_chunks,
                    "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
         if self.not_sent:
             figures["not_sent"] = self.not_sent
@@ -156,37 +156,60 @@ def _row(chunk: ChunkInput, extraction: ChunkExtraction | str, extractor: str, m
             "extraction": extraction if isinstance(extraction, str) else _extraction_json(extraction)}
 
 
-class HeuristicRows:
-    """Extractions rows by the heuristic extractor, whose output depends on a chunk's text and headings
+class OfflineRows:
+    """Extractions rows by the offline extractor, whose output depends on a chunk's text and headings
     only: a text met again in the same run (page headers, signatures, a log's repeated lines, a file that
     repeats itself) reuses the JSON of its first extraction. Bounded, oldest first out."""
 
-    def __init__(self, heuristic: Extractor, limit: int = 2048) -> None:
-        self.heuristic, self.limit = heuristic, limit
+    BATCH = 64  # chunks parsed together: spaCy's nlp.pipe is several times faster than one call per chunk
+
+    def __init__(self, offline: Extractor, limit: int = 2048) -> None:
+        self.offline, self.limit = offline, limit
         self._known: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._ahead: list[ChunkInput] = []
+        self._next = 0
+
+    def plan(self, chunks: Iterable[ChunkInput]) -> None:
+        """The chunks that will be asked for, in order: a miss extracts the next ones with it, in one batch."""
+        self._ahead, self._next = list(chunks), 0
+
+    def _extract(self, chunk: ChunkInput) -> None:
+        batch, seen = [chunk], {(chunk.text, chunk.heading_path)}
+        while self._next < len(self._ahead) and len(batch) < self.BATCH:
+            one = self._ahead[self._next]
+            self._next += 1
+            key = (one.text, one.heading_path)
+            if key not in self._known and key not in seen:
+                batch.append(one)
+                seen.add(key)
+        many = getattr(self.offline, "extract_many", None)
+        outcomes = many(batch) if many is not None else [self.offline.extract(c) for c in batch]
+        for one, outcome in zip(batch, outcomes):
+            self._known[(one.text, one.heading_path)] = _extraction_json(outcome.extraction)
+        while len(self._known) > self.limit:
+            self._known.popitem(last=False)
 
     def row(self, chunk: ChunkInput, in_skeleton: bool, outcome: str = "ok", error: str | None = None,
             attempts: int = 0) -> dict:
         key = (chunk.text, chunk.heading_path)
         extraction = self._known.get(key)
         if extraction is None:
-            extraction = self._known[key] = _extraction_json(self.heuristic.extract(chunk).extraction)
-            if len(self._known) > self.limit:
-                self._known.popitem(last=False)
+            self._extract(chunk)
+            extraction = self._known[key]
         else:
             self._known.move_to_end(key)
-        h = self.heuristic
+        h = self.offline
         return _row(chunk, extraction, h.name, h.model, h.prompt_version, _now(), in_skeleton, outcome, error,
                     attempts=attempts)
 
 
 def extract_documents(doc_ids: Iterable[str], store: ExtractStore, skeleton: set[str], llm: Extractor | None,
-                      heuristic: Extractor, cache: ExtractionCache | None, ledger: CostLedger | None, run_id: str,
+                      offline: Extractor, cache: ExtractionCache | None, ledger: CostLedger | None, run_id: str,
                       masker: Callable | None = None, progress: Progress | None = None) -> StageResult:
     """Extract every chunk of the documents and write their `extractions` Parquet.
 
-    skeleton: the chunk ids currently selected for LLM extraction. llm: None means heuristic only. A cache
-    hit costs no call; a call that fails after the extractor's retries leaves the chunk its heuristic
+    skeleton: the chunk ids currently selected for LLM extraction. llm: None means offline only. A cache
+    hit costs no call; a call that fails after the extractor's retries leaves the chunk its offline
     extraction, with the failure in `outcome` and `error` (so the next run sends it again: see
     documents_with_llm_failures). A paid call's ledger row is written at once, then its answer cached, then
     (crash point `extraction`) the next chunk goes; the document's rows are merged into one ledger part
@@ -195,8 +218,11 @@ def extract_documents(doc_ids: Iterable[str], store: ExtractStore, skeleton: set
     masking fails sends nothing. Figures per document: ExtractionTally."""
     result = StageResult()
     doc_ids = list(doc_ids)
-    heuristic_rows = HeuristicRows(heuristic)
+    offline_rows = OfflineRows(offline)
     frames = {d: store.read(CHUNKS, d) for d in doc_ids}
+    # every chunk the offline extractor will see, in order, so that it parses them in batches across documents
+    offline_rows.plan(c for frame in frames.values() for c in chunk_inputs(frame)
+                      if llm is None or c.chunk_id not in skeleton)
     report.start("extracting", sum(f.height for f in frames.values()), "chunks")
     for doc_id, chunks in frames.items():
         tally = ExtractionTally(chunks=chunks.height)
@@ -209,9 +235,9 @@ def extract_documents(doc_ids: Iterable[str], store: ExtractStore, skeleton: set
             in_skeleton = chunk.chunk_id in skeleton
             if llm is None or not in_skeleton or tally.not_sent:
                 outcome = "not sent: masking failed" if (llm is not None and in_skeleton and tally.not_sent) else "ok"
-                rows.append(heuristic_rows.row(chunk, in_skeleton, outcome,
+                rows.append(offline_rows.row(chunk, in_skeleton, outcome,
                                                tally.not_sent if outcome != "ok" else None))
-                tally.heuristic_chunks += 1
+                tally.offline_chunks += 1
                 report.advance("extracting")
                 continue
             key = key_for(_cache_text(llm, chunk), llm.model, llm.prompt_version)
@@ -249,11 +275,11 @@ def extract_documents(doc_ids: Iterable[str], store: ExtractStore, skeleton: set
                                                         "run_id": run_id, "attempts": outcome.attempts})
                 rows.append(_row(chunk, outcome.extraction, outcome.extractor, outcome.model, outcome.prompt_version,
                                  extracted_at, True, attempts=outcome.attempts))
-            else:  # the chunk keeps its heuristic extraction; the failure is on its row and in the ledger
+            else:  # the chunk keeps its offline extraction; the failure is on its row and in the ledger
                 if not is_refused(outcome.outcome):
                     tally.llm_failures += 1
-                tally.heuristic_chunks += 1
-                rows.append(heuristic_rows.row(chunk, True, outcome.outcome, outcome.error or outcome.outcome,
+                tally.offline_chunks += 1
+                rows.append(offline_rows.row(chunk, True, outcome.outcome, outcome.error or outcome.outcome,
                                                attempts=outcome.attempts))
             if not is_refused(outcome.outcome):
                 crash_point(EXTRACTION_CRASH_POINT)  # the call is in the ledger and (if it succeeded) the cache
@@ -280,7 +306,7 @@ def is_refused(outcome: str) -> bool:
 
 def is_llm_failure(outcome: str) -> bool:
     """An extraction outcome of a skeleton chunk whose LLM call failed or was refused by the open circuit
-    breaker (it kept its heuristic extraction); "not sent: masking failed" is not one: sending it again would
+    breaker (it kept its offline extraction); "not sent: masking failed" is not one: sending it again would
     fail the same way."""
     return outcome.startswith(("failed: ", "fallback: "))
 
@@ -519,12 +545,14 @@ def _latest(frame: pl.DataFrame, key: str) -> pl.DataFrame:
     return frame.group_by(key).agg(pl.col("extracted_at").max())
 
 
-def lexical_graph_frames(tables: dict[str, pl.DataFrame]) -> tuple[dict[str, pl.DataFrame], dict[str, pl.DataFrame],
-                                                                  pl.DataFrame, pl.DataFrame]:
+def lexical_graph_frames(tables: dict[str, pl.DataFrame], senses: dict | None = None) -> tuple[
+        dict[str, pl.DataFrame], dict[str, pl.DataFrame], pl.DataFrame, pl.DataFrame]:
     """Kùzu node and edge rows of the lexical graph from the per-document tables, with resolution:
-    -> (nodes, edges, resolved entities, entity merges)."""
-    from lexgraph.build.resolution import normalise_entity_name, resolve_entities, resolve_facts, resolve_relations
-    from lexgraph.build.resolution import entity_id as entity_id_of
+    -> (nodes, edges, resolved entities, entity merges). senses: the names split by type
+    (resolution.entity_senses), from the tables' entity rows when not given; a diff gives them from every
+    document's rows, since a fact or mention here resolves by rows it does not hold."""
+    from lexgraph.build.resolution import (entity_ids_of_rows, entity_senses, resolve_entities, resolve_fact_rows,
+                                           resolve_relations)
 
     statements, topics, facts = tables[STATEMENTS], tables[TOPICS], tables[FACTS]
     entity_rows, relations = tables[ENTITIES], tables[RELATIONS]
@@ -533,24 +561,23 @@ def lexical_graph_frames(tables: dict[str, pl.DataFrame]) -> tuple[dict[str, pl.
                                        "extractor", "model", "prompt_version", "extracted_at").unique("id", keep="first"),
         "Topic": topics.select(pl.col("topic_id").alias("id"), "doc_id", "name").unique("id", keep="first"),
     }
-    resolved_facts = resolve_facts(facts)
+    senses = entity_senses(entity_rows) if senses is None else senses
+    resolved_facts, fact_ids = resolve_fact_rows(facts, senses)
+    facts = facts.with_columns(fact_ids)  # a fact about a name split by type is not the id its row was flattened with
     fact_nodes = resolved_facts.join(_latest(facts, "fact_id"), on="fact_id", how="left")
     nodes["Fact"] = fact_nodes.select(
         pl.col("fact_id").alias("id"), "subject", "predicate", "object",
         pl.col("support_count").alias("statements"), pl.col("doc_count").alias("documents"),
         *(pl.col(f"{c}s").list.join(",").alias(c) for c in ("extractor", "model", "prompt_version")), "extracted_at")
-    entities, merges = resolve_entities(entity_rows)
-    names = entity_rows["entity_name"].unique().to_list()
-    ids = {name: entity_id_of(name) for name in names if normalise_entity_name(name)}
-    mentions = (entity_rows.filter(pl.col("entity_name").is_in(list(ids)))
-                .with_columns(pl.col("entity_name").replace_strict(ids, return_dtype=pl.Utf8).alias("entity_id")))
+    entities, merges = resolve_entities(entity_rows, senses)
+    mentions = entity_rows.with_columns(entity_ids_of_rows(entity_rows, senses)).drop_nulls("entity_id")
     entity_nodes = entities.join(_latest(mentions, "entity_id"), on="entity_id", how="left")
     nodes["Entity"] = entity_nodes.select(
         pl.col("entity_id").alias("id"), "name", pl.col("entity_type").alias("type"), "description",
         pl.col("surface_forms").alias("aliases"), pl.col("mention_count").alias("mentions"),
         pl.col("doc_count").alias("documents"),
         *(pl.col(f"{c}s").list.join(",").alias(c) for c in ("extractor", "model", "prompt_version")), "extracted_at")
-    related = resolve_relations(relations)
+    related = resolve_relations(relations, senses)
     supports = resolved_facts.select("fact_id", "statement_ids").explode("statement_ids")
     edges = {
         "EXTRACTED_FROM": statements.select(pl.col("statement_id").alias("from"), pl.col("chunk_id").alias("to")).unique(),
@@ -760,10 +787,11 @@ def build_lexical_graph(doc_ids: Sequence[str], store: ExtractStore, graph, vect
 # --- extractors from the settings ----------------------------------------------------------------------
 
 
-def heuristic_extractor(settings) -> Extractor:
-    from lexgraph.extract.heuristic import HeuristicExtractor
+def offline_extractor(settings) -> Extractor:
+    """The LLM-free extractor (spaCy's English pipeline): every chunk's extraction without a model call."""
+    from lexgraph.extract.nlp_extractor import NLPExtractor
 
-    return HeuristicExtractor(settings.entity_types)
+    return NLPExtractor(settings.entity_types)
 
 
 def pii_masker(settings) -> Callable | None:
@@ -785,7 +813,7 @@ def llm_config(settings):
 
 
 def llm_extractor(settings) -> Extractor | None:
-    """The `openai` extractor when an endpoint is configured (settings.extractor), else None (heuristic only)."""
+    """The `openai` extractor when an endpoint is configured (settings.extractor), else None (offline only)."""
     if settings.extractor != "openai":
         return None
     from lexgraph.extract.llm import OpenAIExtractor
@@ -809,18 +837,18 @@ def llm_prompt_version(settings) -> str:
 def extractor_signature(settings) -> str:
     """What shapes an extraction besides the chunk: for the extraction assets' code versions, so a model or
     prompt change shows as a new code version."""
-    heuristic = heuristic_extractor(settings)
-    parts = [f"heuristic={heuristic.model}/{heuristic.prompt_version}", f"types={','.join(settings.entity_types)}"]
+    offline = offline_extractor(settings)
+    parts = [f"offline={offline.model}/{offline.prompt_version}", f"types={','.join(settings.entity_types)}"]
     if settings.extractor == "openai":
         parts.append(f"llm={settings.llm_model}/{llm_prompt_version(settings)}")
     return "|".join(parts)
 
 
 def stale_documents(store: ExtractStore, doc_ids: Iterable[str], skeleton: set[str], llm_model: str | None,
-                    llm_prompt: str | None, heuristic: Extractor) -> dict[str, str]:
+                    llm_prompt: str | None, offline: Extractor) -> dict[str, str]:
     """doc_id -> why its extractions no longer match what the current extractors would give: a chunk without
     an extraction, a skeleton chunk not (successfully) extracted by the current LLM model and prompt version, or
-    any other chunk not by the current heuristic rules; or lexical tables not flattened from the current
+    any other chunk not by the current offline rules; or lexical tables not flattened from the current
     extractions (a run killed between the two). What `lexgraph reextract` re-runs."""
     stale: dict[str, str] = {}
     doc_ids = list(doc_ids)
@@ -847,8 +875,8 @@ def stale_documents(store: ExtractStore, doc_ids: Iterable[str], skeleton: set[s
                                      f"({row['outcome']}), not {llm_model}/{llm_prompt}")
                     break
             # a chunk that left the skeleton keeps the LLM extraction it already paid for
-            elif not by_llm and (row["model"], row["prompt_version"]) != (heuristic.model, heuristic.prompt_version):
+            elif not by_llm and (row["model"], row["prompt_version"]) != (offline.model, offline.prompt_version):
                 stale[doc_id] = (f"chunk {chunk} was extracted by {row['model']}/{row['prompt_version']}, "
-                                 f"not {heuristic.model}/{heuristic.prompt_version}")
+                                 f"not {offline.model}/{offline.prompt_version}")
                 break
     return stale

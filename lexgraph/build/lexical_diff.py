@@ -10,6 +10,10 @@ What the build needs from earlier runs is kept under the corpus folder (`lexical
 - the resolved Entity and Fact nodes and the SUBJECT, OBJECT and RELATED edges (before anchoring), and the
   entity merges.
 
+A name split by type (resolution.entity_senses: a person and a place called Jordan) resolves every row of that
+name by the key's split, so a change that creates, dissolves or tips a split ("resolved again") also rewrites
+the other documents whose rows name it: their mentions, facts and relations of it now resolve to other ids.
+
 Statement, Topic and their edges (EXTRACTED_FROM, BELONGS_TO, TOPIC_OF, SUPPORTS, MENTIONED_IN) belong to one
 document each, so a changed document's share is deleted and written again whole. Facts, entities and their
 edges are global: their old and new frames are compared and only the differences written.
@@ -32,7 +36,7 @@ from lexgraph.atomic_json import write_json
 from lexgraph.build.pipeline import ENTITIES, FACTS, RELATIONS, STATEMENTS
 from lexgraph.ids import content_hash
 
-STATE_FORMAT = 1
+STATE_FORMAT = 2  # 2: resolution by type; frames saved by format 1 merged a person and a place, so rebuild once
 STATE_FILE = "state.json"
 DOC_NODES = ("Statement", "Topic")
 DOC_RELS = ("EXTRACTED_FROM", "BELONGS_TO", "TOPIC_OF", "SUPPORTS", "MENTIONED_IN")
@@ -282,7 +286,8 @@ def touched_tables(rows: dict[str, pl.DataFrame], entity_keys: set, fact_keys: s
 
 
 def splice_frames(old: dict, touched: dict, entity_ids: set, fact_ids: set, pairs: set) -> dict:
-    """The old global frames with every row of a touched key replaced by the rows resolved again."""
+    """The old global frames with every row of a touched key replaced by the rows resolved again (the ids given
+    are every id those keys can resolve to: see _variants)."""
     def swap(frame: pl.DataFrame, drop: pl.Expr, new: pl.DataFrame) -> pl.DataFrame:
         return pl.concat([frame.filter(~drop), new.select(frame.columns)], how="vertical_relaxed")
 
@@ -294,7 +299,7 @@ def splice_frames(old: dict, touched: dict, entity_ids: set, fact_ids: set, pair
         "OBJECT": swap(old["OBJECT"], _within("to", fact_ids), touched["OBJECT"]).sort("to", "from"),
         "RELATED": swap(old["RELATED"], _within(_pair_of("from", "to"), pairs), touched["RELATED"]).sort("from", "to"),
         "merges": swap(old["merges"], _within("entity_id", entity_ids), touched["merges"])
-        .sort("entity_id", "surface_form"),
+        .sort("entity_id", "surface_form", "reason"),
     }
 
 
@@ -366,10 +371,11 @@ def rebuild_lexical_graph(doc_ids: list[str], store, graph, vectors, embedder, r
 
 def _finish(result, frames: dict, statement_signatures: dict[str, str]) -> None:
     from lexgraph.build import lexical
+    from lexgraph.build.resolution import KEPT_APART
 
     merges = frames["merges"]
     result.merges_frame = merges
-    result.merges = merges.height
+    result.merges = merges.filter(~pl.col("reason").str.starts_with(KEPT_APART)).height  # a split folds nothing
     result.merged_surface_forms = int(merges["mention_count"].sum() or 0)
     result.digest = lexical.lexical_digest(statement_signatures, frames)
 
@@ -403,28 +409,88 @@ def classify_documents(state: LexicalState, doc_ids: list[str], store, graph, re
     left_out = set(result.damaged) - kept
     result.changes = {"added": [d for d in added if d in read], "changed": [d for d in changed if d in read],
                       "reloaded": [d for d in reloaded if d in read],
-                      "removed": removed + sorted(d for d in left_out if d in old)}
+                      "removed": removed + sorted(d for d in left_out if d in old), "resolved_again": []}
     result.documents_read = sorted(read)
     rewrite = sorted(set(read) | set(removed) | left_out)
     result.documents = sorted(set(read) | (set(old) - set(rewrite)))
     return DocumentChanges(current, loaded, read, rewrite, kept)
 
 
-def resolve_touched(state: LexicalState, new_rows: dict[str, pl.DataFrame], rewrite: list[str]) -> tuple[dict, dict]:
+def resplit_documents(state: LexicalState, new_rows: dict[str, pl.DataFrame], rewrite: list[str]) -> list[str]:
+    """Documents outside `rewrite` whose rows of a name resolve to another id after the change, because it splits
+    the name by type, joins it again, or hands the name's own id to the other family. A split made or undone moves
+    only the rows typed away from the family that keeps the id (and the rest of their chunks); a family that takes
+    over the id moves every row of the name."""
+    from lexgraph.build.resolution import entity_id_of_key, entity_senses, family_of
+
+    old = state.rows[ENTITIES]
+    keys = set(old.filter(_within("doc_id", rewrite))[KEY].drop_nulls()) | set(new_rows[ENTITIES][KEY].drop_nulls())
+    before = old.filter(_within(KEY, list(keys)))
+    after = pl.concat([before.filter(~_within("doc_id", rewrite)),
+                       new_rows[ENTITIES].filter(_within(KEY, list(keys))).select(old.columns)])
+    was, now = ({k: split.major for k, split in entity_senses(rows).items()} for rows in (before, after))
+    changed = {key for key, _ in was.items() ^ now.items()}
+    if not changed:
+        return []
+    others = ~_within("doc_id", rewrite)
+    taken = sorted(k for k in changed if k in was and k in now)  # the other family has the name's id now
+    keeps = {k: was.get(k) or now[k] for k in changed if k not in taken}  # split made or undone
+    docs = {doc for doc, key, kind in old.filter(others & _within(KEY, list(keeps)))
+            .select("doc_id", KEY, "entity_type").unique().iter_rows() if family_of(kind or "") not in ("", keeps[key])}
+    if taken:
+        ids = [entity_id_of_key(k) for k in taken]
+        ends = lambda column, sep, values: (_within(pl.col(column).str.split(sep).list.first(), values)  # noqa: E731
+                                            | _within(pl.col(column).str.split(sep).list.last(), values))
+        docs |= set(old.filter(others & _within(KEY, taken))["doc_id"])
+        docs |= set(state.rows[FACTS].filter(others & ends(KEY, "\x1f", taken))["doc_id"])
+        docs |= set(state.rows[RELATIONS].filter(others & ends(PAIR, "|", ids))["doc_id"])
+    return sorted(docs)
+
+
+def _senses(rows: dict[str, pl.DataFrame], relations: pl.DataFrame, entity_keys: set, fact_keys: set) -> dict:
+    """The splits by type of the touched entity keys and of every name the touched facts and relations name:
+    each from all documents' entity rows of that name (a fact resolves by rows other documents hold)."""
+    from lexgraph.build.resolution import entity_senses, normalise_entity_name
+
+    named = set(relations["source"].drop_nulls()) | set(relations["target"].drop_nulls())
+    keys = set(entity_keys) | {normalise_entity_name(name) for name in named}
+    for key in fact_keys:
+        subject, _, obj = key.split("\x1f")
+        keys |= {subject, obj}
+    return entity_senses(rows[ENTITIES].filter(_within(KEY, list(keys))))
+
+
+def _variants(entity_keys: set, fact_keys: set, pairs: set) -> tuple[set, set, set]:
+    """Every entity id, fact id and id pair the touched keys can have resolved to, before or now (a split
+    gives a family an id of its own): what the splice replaces."""
+    from lexgraph.build.resolution import entity_id_of_key, entity_id_variants, fact_id_of_key, fact_id_variants
+
+    entity_ids = {v for key in entity_keys for v in entity_id_variants(entity_id_of_key(key))}
+    fact_ids = {v for key in fact_keys for v in fact_id_variants(fact_id_of_key(key))}
+    id_pairs = set()
+    for pair in pairs:
+        first, second = pair.split("|")
+        id_pairs |= {"|".join(sorted((a, b))) for a in entity_id_variants(first) for b in entity_id_variants(second)}
+    return entity_ids, fact_ids, id_pairs
+
+
+def resolve_touched(state: LexicalState, new_rows: dict[str, pl.DataFrame],
+                    rewrite: list[str]) -> tuple[dict, dict, dict]:
     """Every document's rows with the rewritten documents' replaced, and the global frames with the keys those
-    documents' old and new rows touch resolved again (from all their rows). -> (rows, frames)."""
+    documents' old and new rows touch resolved again (from all their rows). -> (rows, frames, the splits by
+    type that resolution used, for the rewritten documents' own share)."""
     from lexgraph.build import lexical
-    from lexgraph.build.resolution import entity_id_of_key, fact_id_of_key
 
     leaving = {t: state.rows[t].filter(_within("doc_id", rewrite)) for t in ROW_TABLES}
     rows = {t: pl.concat([state.rows[t].filter(~_within("doc_id", rewrite)), new_rows[t].select(state.rows[t].columns)],
                          how="vertical_relaxed") for t in ROW_TABLES}
     keys = lambda table, column: {k for t in (leaving, new_rows) for k in t[table][column].drop_nulls().to_list()}  # noqa: E731
     entity_keys, fact_keys, pairs = keys(ENTITIES, KEY), keys(FACTS, KEY), keys(RELATIONS, PAIR)
-    nodes, edges, _, merges = lexical.lexical_graph_frames(touched_tables(rows, entity_keys, fact_keys, pairs))
-    frames = splice_frames(state.frames, global_frames(nodes, edges, merges),
-                           {entity_id_of_key(k) for k in entity_keys}, {fact_id_of_key(k) for k in fact_keys}, pairs)
-    return rows, frames
+    tables = touched_tables(rows, entity_keys, fact_keys, pairs)
+    senses = _senses(rows, tables[RELATIONS], entity_keys, fact_keys)
+    nodes, edges, _, merges = lexical.lexical_graph_frames(tables, senses=senses)
+    frames = splice_frames(state.frames, global_frames(nodes, edges, merges), *_variants(entity_keys, fact_keys, pairs))
+    return rows, frames, senses
 
 
 def diff_lexical_graph(state: LexicalState, doc_ids: list[str], store, graph, vectors, embedder, result,
@@ -438,9 +504,22 @@ def diff_lexical_graph(state: LexicalState, doc_ids: list[str], store, graph, ve
     if rewrite_is_cheaper(len(docs.rewrite), state.documents.height):
         return f"{len(docs.rewrite)} of {state.documents.height} documents changed: a rebuild is cheaper"
     new_tables = concat_tables([docs.read[d] for d in sorted(docs.read)])
-    rows, frames = resolve_touched(state, keyed_rows(new_tables), docs.rewrite)
+    new_rows = keyed_rows(new_tables)
+    again = resplit_documents(state, new_rows, docs.rewrite)
+    if again:  # read like a reloaded document: its share is written again with the names' new ids
+        more, damaged = read_documents(store, again)
+        if damaged:
+            return f"{len(damaged)} document(s) naming an entity split or joined by type are unreadable"
+        docs.read.update(more)
+        docs.rewrite = sorted(set(docs.rewrite) | set(more))
+        result.documents_read, result.changes["resolved_again"] = sorted(docs.read), sorted(more)
+        if rewrite_is_cheaper(len(docs.rewrite), state.documents.height):
+            return f"{len(docs.rewrite)} of {state.documents.height} documents to rewrite: a rebuild is cheaper"
+        new_tables = concat_tables([docs.read[d] for d in sorted(docs.read)])
+        new_rows = keyed_rows(new_tables)
+    rows, frames, senses = resolve_touched(state, new_rows, docs.rewrite)
     # the read documents' own share, and what changed among facts, entities and their edges
-    d_nodes, d_edges, _, _ = lexical.lexical_graph_frames(new_tables)
+    d_nodes, d_edges, _, _ = lexical.lexical_graph_frames(new_tables, senses=senses)
     d_anchored = anchored_documents(d_nodes, d_edges, graph.chunks_of(sorted(docs.read)), set(docs.loaded), frames)
     node_diff = {t: frame_diff(state.frames[t], frames[t], ["id"]) for t in GLOBAL_NODES}
     old_edges, new_edges = anchored_global(state.frames), anchored_global(frames)
