@@ -101,7 +101,7 @@ def test_statement_traversal_honours_hops_nodes_and_statements(retriever, embedd
     assert max(s.hop for s in one) == 1 and len(one) > len(seeds)
     assert len(one) <= RetrievalParams().statement_limit
     # through shared facts and entities the traversal reaches sources none of the seeds is in
-    links = gc.traverse_statements(graph, query, with_params(statement_hops=1, statement_topic_weight=0.0))
+    links = gc.traverse_statements(graph, query, with_params(statement_hops=1, statement_top=5, statement_topic_weight=0.0))
     doc_of = retriever.index.chunks["doc_id"].to_list()
     seed_docs = {doc_of[graph.chunk_rows[s.row]] for s in links if s.hop == 0}
     assert {doc_of[graph.chunk_rows[s.row]] for s in links if s.hop == 1} - seed_docs

@@ -80,6 +80,7 @@ MAX_LINE_CHARS = 20_000  # a longer line is parsed in pieces (spaCy's cost grows
 _SUBJECTS = frozenset({"nsubj", "nsubjpass"})
 _PERSONAL = {"he": "person", "she": "person", "him": "person", "her": "person", "it": "thing"}
 _DIGIT = re.compile(r"\d")
+_PREDICATE = re.compile(r"^[a-z'’][a-z'’-]*(?: [a-z'’-]+)*$")
 _LEADING = frozenset({"the", "a", "an"})
 _NAMED_POS = frozenset({"PROPN"})
 
@@ -171,15 +172,26 @@ class NLPExtractor:
             nlp = nlp_model.load(DISABLED)
             for (c, i, _), doc in zip(cells, nlp.pipe((cell for _, _, cell in cells), batch_size=self.batch_size)):
                 docs.setdefault((c, i), []).append(doc)
-        return [self._chunk(lines, [docs.get((c, i), []) for i in range(len(lines))])
+        # the headings over a chunk's lines name what it is about: their names are the chunk's entities too
+        headings = [(c, topic) for c, lines in enumerate(lines_of) for topic in dict.fromkeys(
+            line.topic for line in lines if line.topic)]
+        heading_docs: dict[int, list] = {}
+        if headings:
+            nlp = nlp_model.load(DISABLED)
+            for (c, _), doc in zip(headings, nlp.pipe((t for _, t in headings), batch_size=self.batch_size)):
+                heading_docs.setdefault(c, []).append(doc)
+        return [self._chunk(lines, [docs.get((c, i), []) for i in range(len(lines))], heading_docs.get(c, []))
                 for c, lines in enumerate(lines_of)]
 
     # -- one chunk ----------------------------------------------------------------------------
 
-    def _chunk(self, lines: list[Line], line_docs: list[list]) -> ChunkExtraction:
+    def _chunk(self, lines: list[Line], line_docs: list[list], heading_docs: list) -> ChunkExtraction:
         if not lines:
             return self.response_model()
         entities: dict[str, _Entity] = {}
+        for doc in heading_docs:
+            for mention in self._mentions(doc):
+                self._remember(entities, mention.name, mention.kind, f"heading: {doc.text}")
         sentences: list[_Sentence] = []
         previous: tuple[str, str] | None = None  # (key, kind) of the last sentence's subject
         speaker = None
@@ -239,11 +251,12 @@ class NLPExtractor:
                 taken[start:end] = [True] * (end - start)
         for chunk in doc.noun_chunks:
             root = chunk.root
-            if any(taken[chunk.start:chunk.end]) or root.pos_ == "PRON":
+            if any(taken[chunk.start:chunk.end]) or root.pos_ == "PRON" or root.ent_type_ in VALUE_LABELS:
                 continue
             named = root.pos_ in _NAMED_POS
-            modified = any(child.dep_ in ("compound", "amod") and (child.pos_ in _NAMED_POS or child.is_title)
-                           and child.i < root.i for child in root.children)
+            # a title-case modifier counts inside a sentence; at its start every word is capitalised
+            modified = any(child.dep_ in ("compound", "amod") and child.i < root.i and (
+                child.pos_ in _NAMED_POS or (child.is_title and child.i != child.sent.start)) for child in root.children)
             if not (named or modified):
                 continue
             words = [t for t in chunk if t.pos_ in _NAMED_POS or t.is_title or t.i == root.i or t.lower_ in _LEADING
@@ -256,6 +269,20 @@ class NLPExtractor:
             kind = "vessel" if vessel else HEAD_NOUN_TYPES.get(root.lower_, "other")
             found.append(_Mention(chunk.start, chunk.end, name, kind))
             taken[chunk.start:chunk.end] = [True] * (chunk.end - chunk.start)
+        # runs of proper nouns the parse left outside any noun chunk (headings, fragments): "MV Nordlys Spirit"
+        start = None
+        for i in range(len(doc) + 1):
+            inside = i < len(doc) and doc[i].pos_ in _NAMED_POS and not taken[i] and not doc[i].ent_type_
+            if inside and start is None:
+                start = i
+            elif not inside and start is not None:
+                run = doc[start:i]
+                if len(run) > 1 or (start != run[0].sent.start and run[0].is_title):
+                    name, vessel = _clean_name(run)
+                    if name and any(c.isalpha() for c in name):
+                        found.append(_Mention(start, i, name, "vessel" if vessel else "other"))
+                        taken[start:i] = [True] * (i - start)
+                start = None
         found.sort(key=lambda m: m.start)
         return found
 
@@ -341,10 +368,13 @@ class NLPExtractor:
             return None
 
         def add(subject: str, predicate: str, token) -> None:
+            predicate = " ".join(predicate.lower().split())
+            if not _PREDICATE.match(predicate):
+                return  # a parse that ran through punctuation or numbers is no predicate
             for one in (token, *token.conjuncts):
                 value = object_of(one)
                 if value and value != subject and len(facts) < MAX_FACTS_PER_SENTENCE:
-                    facts.append((subject, " ".join(predicate.lower().split()), value))
+                    facts.append((subject, predicate, value))
 
         def verb_phrase(verb) -> str:
             words = [c for c in verb.children if c.dep_ in ("aux", "auxpass", "neg") and c.i < verb.i]

@@ -54,7 +54,7 @@ import numpy as np
 import polars as pl
 import scipy.sparse as sp
 
-from lexgraph.build.resolution import entity_id, normalise_entity_name
+from lexgraph.build.resolution import entity_id, entity_ids_of_rows, normalise_entity_name
 from lexgraph.extract.keywords import STOPWORDS
 from lexgraph.storage.extract_store import CorruptExtractError, ExtractStore
 from lexgraph.storage.vector_store import ENTITIES, STATEMENTS, VectorStore
@@ -171,13 +171,25 @@ def _entity_ids(names: pl.Series) -> pl.Series:
     return names.replace_strict(mapping, return_dtype=pl.Utf8)
 
 
+def _ids_in_chunk(frame: pl.DataFrame, column: str, mentions: pl.DataFrame | None) -> pl.Series:
+    """Entity ids of the names in ``column``, each resolved as the same chunk's entity row of that name was
+    (a name split by type, a person and a place, resolves by its type there), else by the name alone."""
+    plain = _entity_ids(frame[column])
+    if mentions is None or not mentions.height:
+        return plain
+    typed = mentions.select("chunk_id", pl.col("entity_name").alias(column), pl.col("entity_id").alias("_typed"))
+    joined = frame.select("chunk_id", column).with_row_index("_row").join(
+        typed.unique(subset=["chunk_id", column]), on=["chunk_id", column], how="left").sort("_row")
+    return joined["_typed"].fill_null(plain).alias(plain.name)
+
+
 def load_lexical_graph(store: VectorStore, extract: ExtractStore, position: dict[str, int]) -> LexicalGraph:
     """Read the lexical graph's vectors (LanceDB) and links (Extract-store Parquet) for the indexed chunks."""
     chunks = list(position)
-    mentions = _extract_table(extract, "entities", ["entity_name", "chunk_id"], chunks)
+    mentions = _extract_table(extract, "entities", ["entity_name", "entity_type", "chunk_id"], chunks)
     if mentions is not None:
         mentions = mentions.unique()
-        mentions = mentions.with_columns(_entity_ids(mentions["entity_name"]).alias("entity_id")).drop_nulls("entity_id")
+        mentions = mentions.with_columns(entity_ids_of_rows(mentions)).drop_nulls("entity_id")
     statements = _load_statements(store, extract, position, mentions)
     return LexicalGraph(statements, _load_entities(store, extract, position, mentions),
                         bridge_pair_share(statements, len(position)))
@@ -215,8 +227,8 @@ def _load_entities(store: VectorStore, extract: ExtractStore, position: dict[str
     relations = _extract_table(extract, "relations", ["source", "target", "strength", "chunk_id"], list(position))
     graph = sp.csr_matrix((n, n))
     if relations is not None and relations.height:
-        relations = relations.with_columns(_entity_ids(relations["source"]).alias("a"),
-                                           _entity_ids(relations["target"]).alias("b"))
+        relations = relations.with_columns(_ids_in_chunk(relations, "source", mentions).alias("a"),
+                                           _ids_in_chunk(relations, "target", mentions).alias("b"))
         relations = relations.filter(pl.col("a").is_in(ids) & pl.col("b").is_in(ids) & (pl.col("a") != pl.col("b")))
         if relations.height:
             a = np.array([row_of[e] for e in relations["a"].to_list()])
@@ -256,7 +268,7 @@ def _load_statements(store: VectorStore, extract: ExtractStore, position: dict[s
         facts = facts.join(ids, on="statement_id")
         parts.append(facts.select("row", pl.col("fact_id").alias("node")))
         for column in ("subject", "object"):
-            parts.append(facts.select("row", _entity_ids(facts[column]).alias("node")))
+            parts.append(facts.select("row", _ids_in_chunk(facts, column, mentions).alias("node")))
     if mentions is not None and mentions.height:
         named = (frame.select("row", "chunk_id", pl.col("text").str.to_lowercase().alias("lower"))
                  .join(mentions.select("chunk_id", pl.col("entity_name").str.to_lowercase().alias("name"), "entity_id"),
