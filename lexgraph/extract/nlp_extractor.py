@@ -52,7 +52,8 @@ from lexgraph.extract.schemas import (
 from lexgraph.extract.text_lines import Line, pieces, read_lines, trim
 from lexgraph.ids import short_hash
 
-RULES_VERSION = ("nlp-rules v1: en_core_web_sm 3.8.0 sentences, NER types, named noun chunks, dependency facts, "
+RULES_VERSION = ("nlp-rules v1: en_core_web_sm 3.8.0 sentences, NER types, named noun chunks and heading names, "
+                 "proper-noun runs, dependency facts, "
                  "pronoun subjects, fact relations, weak co-occurrence")
 DISABLED = ("lemmatizer",)  # the rest (tagger, attribute_ruler for POS, parser, ner) is used
 NER_TYPES: dict[str, str] = {
