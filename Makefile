@@ -8,7 +8,7 @@ export LEXGRAPH_HOME ?= $(CURDIR)/.lexgraph
 export HF_HUB_OFFLINE := 1
 SHARED ?= ../shared
 
-.PHONY: install bytecode demo test dev dev-prod bench bench-musique bench-router bench-ingest bench-scale bench-incremental bench-extraction bench-serve bench-sensor bench-embedder bench-query-scale bench-generalize clean
+.PHONY: install bytecode demo test dev dev-prod bench bench-musique bench-router bench-ingest bench-scale bench-incremental bench-extraction bench-extraction-cost bench-serve bench-sensor bench-embedder bench-query-scale bench-generalize clean
 
 # torch is installed first and pinned: the local CPU build; an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -80,7 +80,18 @@ bench-scale: bytecode
 bench-incremental: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_incremental --corpus $(SHARED)/datasets/lihua-world/LiHuaWorld.zip
 
+# the KET-RAG table (issue 40): retrieval from the offline extraction and from GPT-3.5's recorded extractions at
+# β = 0.2 ... 1.0, with the LLM calls and tokens of each, on HippoRAG's MuSiQue passages; indexes kept under
+# $(LEXGRAPH_HOME)/bench/extraction-table. LIMIT=N: the first N questions and their passages only (minutes).
+MUSIQUE_HIPPORAG := $(SHARED)/datasets/musique-hipporag
 bench-extraction: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_extraction_table --corpus $(MUSIQUE_HIPPORAG)/corpus \
+	  --questions $(MUSIQUE_HIPPORAG)/questions.dev.json --recording $(MUSIQUE_HIPPORAG)/openie_gpt-3.5-turbo-1106.json \
+	  $(if $(LIMIT),--limit $(LIMIT))
+
+# what LLM extraction costs by β, adding one document, and offline extraction against embedding throughput
+# (issue 8), with the synthetic test LLM on LiHua-World
+bench-extraction-cost: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_extraction --corpus $(SHARED)/datasets/lihua-world/LiHuaWorld.zip --embed-repeats 1
 
 # the routed and answered question out of corpus: four dev corpora (each indexed once, cached), thresholds chosen

@@ -11,13 +11,14 @@ Finding passages in a chunk (a chunk may hold several passages, one, or a fragme
 - passage and chunk are compared as sequences of words (NFKC, casefolded ``\\w+`` runs), so quoting and
   whitespace differences do not matter. Every 6-word run of a passage (its title line included) is indexed; a
   chunk's 6-word runs mark the passage words they cover;
-- only runs aligned at one offset (chunk position minus passage position) count, longest first, each claiming its
-  chunk words; a run counts when it covers at least 15 words of its passage that no longer run claimed (all of
-  them for a shorter passage), or every word of the chunk (a short tail of a passage cut off by the chunker). So sentences and stock phrases that several passages share ("Latitude and
-  longitude coordinates are provided for many National Register properties ...", "is a public high school
-  located in") go to the passage the chunk holds most of, and do not pull in the others. Between runs of equal
-  length (two revisions of one Wikipedia paragraph, which differ in a comma or a capital), the passage with
-  more sentences verbatim in the chunk wins, then the first file stem;
+- only runs aligned at one offset (chunk position minus passage position) count, longest first, each claiming
+  its chunk words; a run counts when it covers at least 15 words of its passage that no longer run claimed (all
+  of them for a shorter passage), or every word of the chunk (a short tail of a passage cut off by the
+  chunker). So sentences and stock phrases that several passages share ("Latitude and longitude coordinates
+  are provided for many National Register properties ...", "is a public high school located in") go to the
+  passage the chunk holds most of, and do not pull in the others. Between runs of equal length (two revisions
+  of one Wikipedia paragraph, which differ in a comma or a capital), the passage with more sentences verbatim
+  in the chunk wins, then the first file stem;
 - a sentence of a passage found in the chunk is in the chunk when its first word is (one of the covered words):
   a sentence cut by a chunk boundary (the chunker cuts long sentences at ``;`` and then at word pieces) belongs
   to the one chunk that holds its start.
@@ -30,7 +31,7 @@ The mapping, for each passage in the chunk, in the order the passages appear in 
   goes to the passage's first sentence, which names the title subject. Sentences come from a rule-based splitter
   (``.``, ``!``, ``?`` before a capital, digit or quote; not after an initial or a common abbreviation);
 - the chunk gets the triples whose sentence is in it; a triple with 2, 4 or more parts (185 of the 17,419
-  recorded) is skipped, as HippoRAG itself skips them;
+  recorded) is skipped: it does not fit subject, predicate, object, and guessing its split would be ours;
 - each sentence holding kept triples → a ``Statement`` (the sentence's text) whose ``facts`` are those triples,
   under one ``Topic`` named by the passage's title. Sentences without a triple give no statement: the recording
   says nothing about them;
@@ -74,7 +75,8 @@ _STOPWORDS = {"the", "a", "an", "of", "in", "on", "at", "to", "for", "and", "or"
 _MONTH = r"(?:january|february|march|april|may|june|july|august|september|october|november|december)"
 _DATE = re.compile(
     rf"^(?:(?:early|late|mid|the)[ -])?(?:\d{{3,4}}s?|\d{{1,2}}(?:st|nd|rd|th) century|"
-    rf"{_MONTH}(?: \d{{1,2}})?,? \d{{4}}|\d{{1,2}} {_MONTH},? \d{{4}}|{_MONTH} \d{{1,2}}|\d{{4}}[-–]\d{{2,4}})$", re.I)
+    rf"{_MONTH}(?: \d{{1,2}})?,? \d{{4}}|\d{{1,2}} {_MONTH},? \d{{4}}|{_MONTH} \d{{1,2}}|"
+    rf"\d{{4}}[-–]\d{{2,4}})$", re.I)
 _MONEY = re.compile(r"^(?:(?:us|a|c)?[$£€¥]\s?\d[\d,.]*(?: ?(?:million|billion|thousand|m|bn))?|"
                     r"\d[\d,.]*(?: (?:million|billion|thousand))? (?:dollars|euros|pounds|yen|usd|eur|gbp))$", re.I)
 
