@@ -8,7 +8,7 @@ export LEXGRAPH_HOME ?= $(CURDIR)/.lexgraph
 export HF_HUB_OFFLINE := 1
 SHARED ?= ../shared
 
-.PHONY: install bytecode demo test dev dev-prod bench bench-musique bench-router bench-ingest bench-scale bench-incremental bench-extraction bench-extraction-cost bench-serve bench-sensor bench-embedder bench-query-scale bench-generalize clean
+.PHONY: install bytecode demo test test-fast dev dev-prod bench bench-musique bench-router bench-ingest bench-scale bench-incremental bench-extraction bench-extraction-cost bench-serve bench-sensor bench-embedder bench-query-scale bench-generalize clean
 
 # torch is installed first and pinned: the local CPU build; an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -41,6 +41,11 @@ demo: bytecode $(DAGSTER_HOME)/dagster.yaml
 # subprocesses, so two at once cut the wall time on 2 cores by a third (984 s → 666 s, measured 2026-11-30)
 test: bytecode
 	$(BIN)/pytest -q -n 2 --dist loadfile
+
+# the fast subset, under 3 minutes: no index built, no Dagster instance, no other process, no PostgreSQL (the
+# markers are in pyproject.toml, tests/conftest.py gives them); `make test` stays the whole suite
+test-fast: bytecode
+	$(BIN)/pytest -q -n 2 --dist loadfile -m "not slow"
 
 dev: bytecode $(DAGSTER_HOME)/dagster.yaml
 	LEXGRAPH_INBOX=$${LEXGRAPH_INBOX:-sample/corpus} $(BIN)/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml

@@ -15,6 +15,32 @@ for _variable in ("LEXGRAPH_LLM_BASE_URL", "LEXGRAPH_LLM_MODEL", "LEXGRAPH_LLM_A
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_CORPUS = ROOT / "sample" / "corpus"
 
+# --- markers: the fast subset ---------------------------------------------------------------------------------
+# `make test-fast` runs `pytest -m "not slow"`. A test is slow when it builds an index or uses a Dagster instance
+# (mark `ingest`), starts another process (`subprocess`) or needs PostgreSQL (`postgres`); `slow` is added to every
+# test that carries one of them, and a few long tests carry it alone (pyproject.toml registers all four, and says
+# what each covers). A test gets these marks by decorator or module `pytestmark`, or through a fixture it uses,
+# directly or through another fixture: FIXTURE_MARKS below for this file's fixtures, and a test module's own
+# FIXTURE_MARKS (a dict of the same shape) for the fixtures it defines.
+# The marks are given at collection, before `-m` selects: a fixture cannot mark its tests when it runs.
+FIXTURE_MARKS = {
+    "sample_home": ("ingest",),      # the sample corpus through Dagster, once a session
+    "instance": ("ingest",),         # the Dagster instance a test runs jobs, ingests or sensor ticks on
+    "sqlite_instance": ("ingest",),
+}
+SLOW_MARKS = ("ingest", "subprocess", "postgres")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by -m
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        by_fixture = {**FIXTURE_MARKS, **getattr(getattr(item, "module", None), "FIXTURE_MARKS", {})}
+        for name in item.fixturenames:
+            for mark in by_fixture.get(name, ()):
+                item.add_marker(mark)
+        if any(item.get_closest_marker(mark) for mark in SLOW_MARKS):
+            item.add_marker("slow")
+
 
 @pytest.fixture(scope="session")
 def embedder():
@@ -99,3 +125,53 @@ def sample_home(tmp_path_factory, worker_id) -> Path:
             built.touch()
     shutil.copytree(shared, home)
     return home
+
+
+# --- the local OpenAI-protocol test LLM (tests/llm_server.py) ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def llm_server_options() -> dict:
+    """LLMTestServer's keyword arguments for `server` and `module_server`: a test module that needs another model
+    name, lifetime or stall, or a recording to replay, overrides this fixture."""
+    return {}
+
+
+@pytest.fixture
+def server(llm_server_options):
+    """A test LLM server of its own for each test."""
+    from tests.llm_server import LLMTestServer
+
+    with LLMTestServer(**llm_server_options) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def module_server(llm_server_options):
+    """One test LLM server for all the tests of a module (they reset it: `LLMTestServer.reset`)."""
+    from tests.llm_server import LLMTestServer
+
+    with LLMTestServer(**llm_server_options) as running:
+        yield running
+
+
+@pytest.fixture
+def no_llm_backoff(monkeypatch):
+    """No wait between retried LLM calls (LEXGRAPH_LLM_BACKOFF=0)."""
+    monkeypatch.setenv("LEXGRAPH_LLM_BACKOFF", "0")
+
+
+# --- fixtures shared by several test modules ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def corpus_text() -> str:
+    """Several thousand word pieces of varied prose (the sample corpus's markdown files, in file order)."""
+    return "\n\n".join(p.read_text() for p in sorted(SAMPLE_CORPUS.iterdir()) if p.suffix == ".md")
+
+
+@pytest.fixture(scope="module")
+def service(sample_home):
+    """The query service over the session's sample index, without an LLM."""
+    from lexgraph.query.service import QueryService
+    from lexgraph.settings import Settings
+
+    return QueryService(Settings.from_env(home=sample_home), use_llm=False)

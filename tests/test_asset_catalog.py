@@ -24,6 +24,8 @@ from orchestration.definitions import build_definitions
 from orchestration.runner import ingest_folder
 from tests.llm_server import LLMTestServer
 
+FIXTURE_MARKS = {"ingested": ("ingest",)}  # marks by fixture (tests/conftest.py)
+
 MODEL = "lexgraph-audit-test-llm"
 DOCUMENTS = {
     "alpha.md": "# Alpha\n\nAlpha Shipping signed contract C-1 with Bolt Engines.\n\n## Terms\n\n"

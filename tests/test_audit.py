@@ -12,16 +12,11 @@ from lexgraph.cli import main as lexgraph
 from lexgraph.extract.source_texts import source_span
 from lexgraph.query.audit import AuditError, write_audit_bundle
 from lexgraph.query.http_api import create_app
-from lexgraph.query.service import QueryService, UnknownQueryError
+from lexgraph.query.service import UnknownQueryError
 from lexgraph.settings import Settings
 from lexgraph.storage.extract_store import ExtractStore
 
 QUESTION = "Since when has Dr. Annika Vogt been CEO of Kestrel?"
-
-
-@pytest.fixture(scope="module")
-def service(sample_home):
-    return QueryService(Settings.from_env(home=sample_home), use_llm=False)
 
 
 @pytest.fixture(scope="module")

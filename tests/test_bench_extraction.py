@@ -7,15 +7,8 @@ import pytest
 
 from benchmarks.bench_extraction import measure, table
 from tests.conftest import SAMPLE_CORPUS
-from tests.llm_server import LLMTestServer
 
-
-@pytest.fixture
-def server(monkeypatch):
-    monkeypatch.setenv("LEXGRAPH_LLM_BACKOFF", "0")
-    with LLMTestServer() as running:
-        yield running
-
+pytestmark = pytest.mark.ingest  # each β builds an index through Dagster
 
 # Five short documents of the sample corpus (12 chunks): every step runs the whole asset graph (statements and
 # entities embedded), so the full corpus would take minutes. The last one is the document added at the end.
@@ -23,7 +16,7 @@ DOCUMENTS = ("email-mccrae-aberdeen-quay7.txt", "email-nowak-engine-fault-2024-0
              "note-nordlys-spirit-return.txt", "vanderlinde-coatings-order-fme-2022-14.txt")
 
 
-def test_extraction_cost_follows_beta_and_a_second_run_is_free(tmp_path, server):
+def test_extraction_cost_follows_beta_and_a_second_run_is_free(tmp_path, no_llm_backoff, server):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for name in DOCUMENTS:

@@ -23,6 +23,7 @@ def _bench(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.subprocess
 def test_fresh_add_is_timed_and_the_document_is_stored(tmp_path):
     done = _bench("--fresh-chunks", str(SPEC.chunks), "--fresh-doc-chunks", str(SPEC.doc_chunks),
                   "--fresh-new-chunks", str(NEW_CHUNKS), "--fresh-repeats", "1", "--no-breakdown",
@@ -55,6 +56,7 @@ def test_fresh_add_is_timed_and_the_document_is_stored(tmp_path):
     assert (pristine.extract_dir / VERIFIED_FILE).is_file()
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("args, message", [
     (["--fresh-chunks", "0"], "argument --fresh-chunks: must be at least 1, got 0"),
     (["--fresh-repeats", "-2"], "argument --fresh-repeats: must be at least 1, got -2"),

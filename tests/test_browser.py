@@ -30,6 +30,8 @@ import pytest
 
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.subprocess  # Chromium, and the Dagster UI in a process of its own
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]

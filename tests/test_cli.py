@@ -214,6 +214,7 @@ def test_home_that_is_a_file_is_a_clear_error(tmp_path, monkeypatch, capsys, com
     assert home.read_text() == "not a folder\n"
 
 
+@pytest.mark.ingest
 def test_strict_ingest_fails_on_bad_file(tmp_path, capsys):
     folder = tmp_path / "inbox"
     folder.mkdir()
@@ -224,6 +225,7 @@ def test_strict_ingest_fails_on_bad_file(tmp_path, capsys):
     assert "1 failed" in out and "broken.txt: file is not valid UTF-8" in out
 
 
+@pytest.mark.subprocess
 def test_the_cli_pauses_the_collector_only_for_its_imports_and_freezes_before_teardown():
     """Importing orchestration.cli leaves the collector as it found it (tests and scripts import it); the
     console script's command runs with it on, and its objects are frozen only once the command is done."""

@@ -17,6 +17,8 @@ from lexgraph.storage.vector_store import VectorStore
 from orchestration.runner import ingest_folder
 from tests.test_corpus_diff_stores import DOCS, assert_same_as_a_build_from_nothing
 
+FIXTURE_MARKS = {"built": ("ingest",)}  # marks by fixture (tests/conftest.py)
+
 
 def _knn_metadata(instance) -> dict:
     event = instance.get_latest_materialization_event(dg.AssetKey("chunk_knn_graph"))

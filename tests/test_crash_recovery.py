@@ -27,6 +27,8 @@ from lexgraph.storage.graph_store import GraphStore
 from lexgraph.storage.vector_store import VectorStore
 from tests.helpers import crash_keyword_update
 
+FIXTURE_MARKS = {"baseline": ("ingest",), "clean_build": ("ingest",)}  # marks by fixture (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parent.parent
 GRAPH_TABLES = ("Source", "Chunk", "PART_OF", "NEXT", "SIMILAR", "Keyword", "KEYWORD_IN")
 
@@ -190,6 +192,7 @@ def clean_build(tmp_path_factory, embedder) -> dict:
 # embedding: gamma's new vectors replaced its old ones while its catalog row is still the old one;
 # catalog: the whole change is in the catalog, the corpus index has not seen it (issue 7's "23 unchanged");
 # keyword_index: in the corpus job, contributions written, the keyword index not yet.
+@pytest.mark.subprocess
 @pytest.mark.parametrize("point", faults.POINTS)
 def test_kill_at_any_point_then_rerun_equals_a_clean_build(point, baseline, clean_build, tmp_path, monkeypatch,
                                                            capsys):
@@ -246,6 +249,7 @@ def _keyword_store(root: Path, docs: int, seed: int = 0) -> ExtractStore:
     return store
 
 
+@pytest.mark.subprocess
 def test_keyword_index_update_killed_midway_is_redone_exactly_once(tmp_path):
     store = _keyword_store(tmp_path, 5)
     files = CorpusFiles(tmp_path / "index")

@@ -1,5 +1,6 @@
 """The Definitions load as `dagster dev` loads them, with the UI metadata the issue asks for."""
 import dagster as dg
+import pytest
 
 from assets.catalog import owners
 from lexgraph.settings import Settings
@@ -119,6 +120,7 @@ def test_code_versions_come_from_the_settings_not_the_run(tmp_path):
     assert {name for name in versions if other_model[name] != _code_versions(llm)[name]} == LEXICAL | {"lexical_graph"}
 
 
+@pytest.mark.subprocess
 def test_workspace_loads_as_dagster_dev_loads_it():
     import subprocess
     import sys

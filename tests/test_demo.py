@@ -8,6 +8,8 @@ import pytest
 
 from tests.conftest import ROOT
 
+pytestmark = [pytest.mark.subprocess, pytest.mark.ingest]  # `make demo`
+
 DEAD_PROXY = "http://127.0.0.1:9"  # any attempt to reach the network fails at once
 
 

@@ -100,6 +100,7 @@ def test_k8s_definitions_resolve_with_the_k8s_job_executor(tmp_path):
     assert {steps[s] for s in writers} == {GRAPH_WRITER_POOL} == {"kuzu_writer"}
 
 
+@pytest.mark.subprocess
 def test_the_code_server_command_of_the_helm_values_loads_the_definitions(tmp_path):
     """`dagster definitions validate` with the code server's own -f/-a/-d arguments (deploy/values.yaml)."""
     [deployment] = _yaml("values.yaml")["dagster-user-deployments"]["deployments"]
@@ -137,6 +138,7 @@ def test_instance_yaml_parses_with_the_k8s_run_launcher(tmp_path, pg_env):
     assert config["storage"]["postgres"]["postgres_db"]["password"] == {"env": "DAGSTER_PG_PASSWORD"}
 
 
+@pytest.mark.subprocess
 def test_pool_limits_give_the_graph_writer_one_slot(tmp_path):
     """The deploy instance's queue and pool settings on a real (SQLite) instance."""
     deploy = _yaml("dagster.k8s.yaml")

@@ -51,6 +51,7 @@ def test_backend_setting_values_and_index_version():
         Settings.from_env({"LEXGRAPH_EMBED_BACKEND": "cuda"})
 
 
+@pytest.mark.subprocess
 def test_bad_backend_exits_2_with_one_line(tmp_path):
     env = dict(os.environ, LEXGRAPH_EMBED_BACKEND="fp16", LEXGRAPH_HOME=str(tmp_path))
     done = subprocess.run([sys.executable, "-c", "import sys; from orchestration.cli import main; sys.exit(main())",
@@ -86,6 +87,7 @@ def test_unknown_backend_refused_by_the_embedder():
         Embedder(backend="tpu")
 
 
+@pytest.mark.slow  # two ONNX exports of the model
 def test_damaged_cached_export_is_detected_and_rebuilt(torch_embedder, tmp_path, capfd):
     model_path = resolve_model_path(torch_embedder.model_name)
     onnx_export.load_session(torch_embedder.model, model_path, True, tmp_path)

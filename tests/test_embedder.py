@@ -8,13 +8,6 @@ import pytest
 
 from lexgraph.build.pipeline import CHUNK_COLUMNS
 from lexgraph.extract.embedder import Embedder, InputTooLongError, model_input_limit
-from tests.conftest import SAMPLE_CORPUS
-
-
-@pytest.fixture(scope="module")
-def corpus_text() -> str:
-    """Several thousand word pieces of varied prose (the sample corpus, in file order)."""
-    return "\n\n".join(p.read_text() for p in sorted(SAMPLE_CORPUS.iterdir()) if p.suffix == ".md")
 
 
 def first_pieces(embedder: Embedder, text: str, n: int) -> str:

@@ -12,14 +12,8 @@ import pytest
 
 from lexgraph.extract import onnx_export
 from lexgraph.extract.embedder import Embedder, ModelFilesError, resolve_model_path
-from tests.conftest import SAMPLE_CORPUS
 
 HEAVY = ("torch", "transformers", "sentence_transformers")
-
-
-@pytest.fixture(scope="module")
-def corpus_text() -> str:
-    return "\n\n".join(p.read_text() for p in sorted(SAMPLE_CORPUS.iterdir()) if p.suffix == ".md")
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +61,7 @@ class FullPath(Embedder):
                                     return_tensors="np")
 
 
+@pytest.mark.subprocess
 def test_light_path_imports_no_torch():
     Embedder.shared(backend="onnx"), Embedder.shared(backend="onnx-int8")  # both exports cached
     script = textwrap.dedent("""

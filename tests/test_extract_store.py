@@ -117,6 +117,7 @@ def _doc(home: Path, name: str) -> str:
     return catalog.filter(pl.col("relative_path") == name)["doc_id"][0]
 
 
+@pytest.mark.ingest
 def test_truncated_extract_files_are_reingested_and_the_index_converges(tiny_corpus, home, embedder):
     code, out, _ = _cli(home, str(tiny_corpus))
     assert code == 0, out
@@ -133,6 +134,7 @@ def test_truncated_extract_files_are_reingested_and_the_index_converges(tiny_cor
     assert_same_stores(store_snapshot(home), clean)
 
 
+@pytest.mark.ingest
 def test_damage_that_cannot_be_reingested_names_the_file(tiny_corpus, home, embedder):
     assert _cli(home, str(tiny_corpus))[0] == 0
     store = ExtractStore(Settings.from_env(home=home).extract_dir)

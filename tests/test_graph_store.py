@@ -15,6 +15,7 @@ def _lock_in_another_process(path, timeout: float) -> subprocess.CompletedProces
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.subprocess
 def test_second_writer_process_waits_then_gives_up(tmp_path):
     path = tmp_path / "graph.kuzu"
     with writer_lock(path):
@@ -95,6 +96,7 @@ def _lock_is_free(path) -> bool:
     return _lock_in_another_process(path, 0.3).returncode == 0
 
 
+@pytest.mark.subprocess
 def test_a_session_shares_one_writer_holds_the_lock_to_its_end_and_leaves_the_writes_on_disk(tmp_path):
     path = tmp_path / "g.kuzu"
     with GraphStore.session(path):
@@ -111,6 +113,7 @@ def test_a_session_shares_one_writer_holds_the_lock_to_its_end_and_leaves_the_wr
     reader.close()
 
 
+@pytest.mark.subprocess
 def test_a_failed_write_in_a_session_closes_its_writer_and_the_next_block_opens_a_new_one(tmp_path):
     path = tmp_path / "g.kuzu"
     with GraphStore.session(path):

@@ -17,6 +17,8 @@ from lexgraph.query.http_api import ServeError, check_bind, is_loopback, prefers
 from orchestration.cli import main as lexgraph
 from tests.conftest import ROOT, SAMPLE_CORPUS
 
+FIXTURE_MARKS = {"server": ("subprocess",)}  # `lexgraph serve`; marks by fixture (tests/conftest.py)
+
 TOKEN = "t0ken-for-tests-only"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 QUESTION = "Who is the CEO of the engine supplier Kestrel?"

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import polars as pl
+import pytest
 
 from lexgraph.settings import Settings
 from orchestration.runner import ingest_folder
@@ -140,6 +141,8 @@ def test_batches_cover_only_targeted_partitions(tiny_corpus, home, instance):
     assert len(later) == 2 and later[0].startswith("alpha.md-") and later[1].startswith("delta.md-")
 
 
+@pytest.mark.subprocess
+@pytest.mark.ingest
 def test_fifty_megabyte_file_is_indexed_in_bounded_memory(tmp_path):
     """Runs in a subprocess so its peak RSS is its own."""
     folder = tmp_path / "inbox"
@@ -203,6 +206,7 @@ def _bar_states(stderr: str, stage: str, unit: str) -> list[tuple[int, int]]:
     return list(dict.fromkeys((int(a.replace(",", "")), int(b.replace(",", ""))) for a, b in found))
 
 
+@pytest.mark.ingest
 def test_a_single_large_file_shows_progress_within_its_run(tmp_path, home, embedder, capsys):
     from orchestration.cli import main
 
@@ -237,6 +241,7 @@ def test_the_bar_shows_each_stage_finished_however_fast_it_ran(capsys):
     assert "reading 1/1 documents" in err and "embedding 798/798 chunks" in err, err
 
 
+@pytest.mark.ingest
 def test_quiet_ingest_prints_nothing_on_stderr(tiny_corpus, home, embedder, capfd):
     from orchestration.cli import main
 

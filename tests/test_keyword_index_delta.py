@@ -111,6 +111,7 @@ def test_any_sequence_of_updates_equals_a_clean_build(tmp_path, deltas):
     assert deltas_seen and folds  # both paths were taken
 
 
+@pytest.mark.subprocess
 def test_update_killed_before_its_delta_is_written_is_redone_exactly_once(tmp_path, deltas):
     store = _store(tmp_path, 7)
     files = CorpusFiles(tmp_path / "index")
@@ -265,6 +266,7 @@ def _held(graph: GraphStore, vectors: VectorStore) -> tuple[set, list, dict]:
             {k: (n, tuple(v)) for k, n, v in zip(table["keyword"], table["sentence_count"], table["vector"])})
 
 
+@pytest.mark.slow  # five Kùzu graphs and LanceDB folders built
 def test_stores_written_from_deltas_equal_a_full_write(tmp_path, deltas, monkeypatch):
     """Keyword nodes, links and vectors written as diffs from delta updates equal a whole rewrite."""
     monkeypatch.setattr(ci, "rewrite_is_cheaper", lambda changed, total: False)

@@ -108,6 +108,7 @@ for batch in range(15):
 """
 
 
+@pytest.mark.subprocess
 def test_two_processes_append_to_one_ledger(tmp_path):
     folder = tmp_path / "ledger"
     writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(folder), name], cwd=ROOT)

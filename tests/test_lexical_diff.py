@@ -21,6 +21,8 @@ from lexgraph.storage.extract_store import ExtractStore
 from lexgraph.storage.graph_store import LEXICAL_NODES, LEXICAL_RELS, GraphStore
 from lexgraph.storage.vector_store import VectorStore
 
+FIXTURE_MARKS = {"index": ("ingest",)}  # every stage of an ingest, without Dagster; marks by fixture (tests/conftest.py)
+
 DOCS = {
     "alpha.md": "# Alpha\n\nAlpha Shipping signed contract C-1 with Bolt Engines.\n\n## Terms\n\n"
                 "Delivery of two engines is due in May 2024 at Bergen harbour.\n",

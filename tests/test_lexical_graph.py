@@ -23,23 +23,21 @@ from lexgraph.storage.vector_store import VectorStore
 from orchestration.definitions import build_definitions, code_versions
 from orchestration.runner import ingest_folder, reextract_index
 from tests.helpers import materialized_partitions
-from tests.llm_server import LLMTestServer, chunk_of
+from tests.llm_server import chunk_of
 
 MODEL = "lexgraph-test-llm"
 RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 
 
 @pytest.fixture(scope="module")
-def server():
-    with LLMTestServer(model=MODEL) as running:
-        yield running
+def llm_server_options() -> dict:
+    return {"model": MODEL}
 
 
 @pytest.fixture
-def llm(server, monkeypatch):
-    server.reset()
-    monkeypatch.setenv("LEXGRAPH_LLM_BACKOFF", "0")
-    return server
+def llm(module_server, no_llm_backoff):
+    module_server.reset()
+    return module_server
 
 
 def llm_settings(home, inbox, server, **changes) -> Settings:

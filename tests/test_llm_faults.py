@@ -44,6 +44,8 @@ from orchestration.reextraction import mark_handled, selection_reextraction
 from orchestration.runner import run_extractions
 from tests.llm_server import LLMTestServer, chunk_of
 
+FIXTURE_MARKS = {"heuristic_index": ("ingest",)}  # marks by fixture (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "lexgraph-test-llm"
 # Tiny waits: a failed call costs milliseconds, except a timeout, which costs TIMEOUT per request.
@@ -53,19 +55,18 @@ FAST = {"LEXGRAPH_LLM_TIMEOUT": str(TIMEOUT), "LEXGRAPH_LLM_MAX_RETRIES": "2", "
 
 
 @pytest.fixture(scope="module")
-def server():
-    with LLMTestServer(model=MODEL, max_lifetime=1200, timeout_seconds=TIMEOUT + 1) as running:
-        yield running
+def llm_server_options() -> dict:
+    return {"model": MODEL, "max_lifetime": 1200, "timeout_seconds": TIMEOUT + 1}
 
 
 @pytest.fixture
-def llm(server, monkeypatch):
-    server.reset()
+def llm(module_server, monkeypatch):
+    module_server.reset()
     for variable in [v for v in os.environ if v.startswith("LEXGRAPH_LLM_")]:
         monkeypatch.delenv(variable)
     for variable, value in FAST.items():
         monkeypatch.setenv(variable, value)
-    return server
+    return module_server
 
 
 # --- a synthetic index: chunks and a skeleton selection, as the ingestion and the corpus job leave them ----------
@@ -155,6 +156,7 @@ MALFORMED_ONCE = (30, 60, 90)
 TWO_CHUNKS = (5, 6)     # a failing chunk and one that succeeds: the next run must not pay for the second again
 
 
+@pytest.mark.ingest
 def test_a_storm_over_100_documents_completes_and_the_next_run_retries_exactly_the_failed_chunks(
         tmp_path, llm):
     settings = Settings.from_env(home=tmp_path / "home", llm_base_url=llm.base_url, llm_model=MODEL, beta=1.0)
@@ -253,6 +255,7 @@ def test_a_storm_over_100_documents_completes_and_the_next_run_retries_exactly_t
 # --- the circuit breaker ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.ingest
 def test_a_down_endpoint_opens_the_breaker_after_exactly_n_failed_calls_then_nothing_is_sent(
         tmp_path, llm, monkeypatch):
     monkeypatch.setenv("LEXGRAPH_LLM_BREAKER_FAILURES", "3")
@@ -469,6 +472,7 @@ def cached_chunks(home: Path) -> list[str]:
     return sorted(meta["chunk_id"] for _, meta in ExtractionCache(Settings.from_env(home=home).extraction_cache_dir).items())
 
 
+@pytest.mark.subprocess
 def test_kill_9_during_extraction_then_rerun_equals_a_clean_build_and_pays_no_call_twice(
         heuristic_index, tmp_path, llm, monkeypatch, capsys):
     from orchestration.runner import reextract_index

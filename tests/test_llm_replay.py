@@ -20,7 +20,6 @@ from lexgraph.ledger import CostLedger
 from lexgraph.settings import Settings
 from lexgraph.storage.extract_store import ExtractStore
 from orchestration.runner import ingest_folder, reextract_index
-from tests.llm_server import LLMTestServer
 from tests.recorded_llm import RecordedExtractions, split_sentences
 
 DATASET = Path(__file__).resolve().parent.parent.parent / "shared" / "datasets" / "musique-hipporag"
@@ -29,7 +28,8 @@ RECORDING = DATASET / "openie_gpt-3.5-turbo-1106.json"
 # triples in several sentences
 STEMS = ("p7976b1e35e", "pda9107f338", "p007de50765", "p01fc050712", "p023c53c2a8")
 
-pytestmark = pytest.mark.skipif(not RECORDING.is_file(), reason=f"{RECORDING} not found (../shared/datasets)")
+pytestmark = [pytest.mark.skipif(not RECORDING.is_file(), reason=f"{RECORDING} not found (../shared/datasets)"),
+              pytest.mark.usefixtures("no_llm_backoff")]
 
 
 @pytest.fixture
@@ -45,10 +45,9 @@ def recorded(tmp_path) -> Path:
 
 
 @pytest.fixture
-def server(recorded, monkeypatch):
-    monkeypatch.setenv("LEXGRAPH_LLM_BACKOFF", "0")
-    with LLMTestServer(max_lifetime=120, replay=RecordedExtractions.load(recorded)) as running:
-        yield running
+def llm_server_options(recorded) -> dict:
+    """The conftest `server` answers from the recording."""
+    return {"max_lifetime": 120, "replay": RecordedExtractions.load(recorded)}
 
 
 def passage(recorded: Path, stem: str) -> str:
@@ -123,6 +122,7 @@ def _ledger(settings: Settings) -> pl.DataFrame:
     return CostLedger(settings.ledger_dir).read().filter(pl.col("stage") == EXTRACTION_STAGE)
 
 
+@pytest.mark.ingest
 def test_ingest_through_the_openai_extractor_then_a_rerun_is_all_cache_hits(server, recorded, tmp_path):
     folder = tmp_path / "inbox"
     shutil.copytree(recorded.parent / "corpus", folder)

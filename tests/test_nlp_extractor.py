@@ -238,6 +238,7 @@ def test_empty_and_punctuation_only_text_gives_an_empty_extraction(extractor, te
     assert outcome.extraction.empty and isinstance(outcome.extraction, ChunkExtraction)
 
 
+@pytest.mark.slow  # 100 kB and an 8,000-name line through spaCy: half a minute on a busy 2-core host
 def test_a_long_chunk_and_a_line_without_sentence_ends(extractor):
     sentence = "Kestrel Propulsion GmbH and Annika Vogt met Erik Lunde in Hamburg on 14 March 2024 about EUR 5 million. "
     text = (sentence * (100_000 // len(sentence) + 1))[:100_000]

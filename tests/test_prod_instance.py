@@ -28,6 +28,8 @@ import pytest
 from lexgraph.ids import document_id
 from orchestration.partitions import GRAPH_WRITER_POOL
 
+pytestmark = pytest.mark.postgres
+
 ROOT = Path(__file__).resolve().parent.parent
 PROD_YAML = ROOT / "orchestration" / "dagster.prod.yaml"
 PG_VARIABLES = ("DAGSTER_PG_HOST", "DAGSTER_PG_PORT", "DAGSTER_PG_USER", "DAGSTER_PG_PASSWORD", "DAGSTER_PG_DB")
@@ -159,6 +161,8 @@ def _graph_writer_steps() -> set[str]:
     return {node.name for node in job.graph.nodes if getattr(node.definition, "pool", None) == GRAPH_WRITER_POOL}
 
 
+@pytest.mark.subprocess
+@pytest.mark.ingest
 def test_two_runs_at_once_and_a_sensor_tick_through_the_daemon(prod_home, prod_env, tiny_corpus, tmp_path,
                                                                   embedder):
     from orchestration.runner import ingest_folder

@@ -20,11 +20,6 @@ PUBLIC_KEYS = {"query_id", "question", "answer", "abstained", "uncertain", "rout
                "provenance", "answer_type", "answer_sentence"}
 
 
-@pytest.fixture(scope="module")
-def service(sample_home):
-    return QueryService(Settings.from_env(home=sample_home), use_llm=False)
-
-
 def _exact(settings, citation, doc_id):
     sha = VectorStore(settings.lance_uri).indexed_hashes()[doc_id]
     return source_span(ExtractStore(settings.extract_dir), sha, citation["char_start"], citation["char_end"])

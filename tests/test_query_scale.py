@@ -135,6 +135,7 @@ def test_appended_rows_are_searched_then_folded_in(lance_home, tmp_path):
     assert li.refresh_decision(rows * 3, rows, li.chunk_index_states(store)) == "build"
 
 
+@pytest.mark.subprocess
 def test_serve_health_names_the_backend(lance_home, tmp_path):
     env = dict(os.environ, LEXGRAPH_QUERY_BACKEND="lance", HF_HUB_OFFLINE="1")
     port = _free_port()

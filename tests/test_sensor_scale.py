@@ -2,7 +2,6 @@
 time-boxed tick resumed by the next one, and odd files that never stop a tick."""
 import itertools
 import os
-import time
 from pathlib import Path
 
 import dagster as dg
@@ -76,14 +75,17 @@ def test_one_tick_adds_every_partition_in_one_insert_and_reads_only_changed_file
     bench = Bench(folder, tmp_path / "index", instance)
     adds = _Spy(instance.add_dynamic_partitions)
     checks = _Spy(instance.has_dynamic_partition)
+    lists = _Spy(instance.get_dynamic_partitions)
     monkeypatch.setattr(instance, "add_dynamic_partitions", adds)
     monkeypatch.setattr(instance, "has_dynamic_partition", checks)
+    monkeypatch.setattr(instance, "get_dynamic_partitions", lists)
     reads = _Spy(inbox_module._read_state)
     monkeypatch.setattr(inbox_module, "_read_state", reads)
 
-    start = time.perf_counter()
+    # What keeps a tick of 2,000 files within a fraction of Dagster's 60 s (the time itself: `make bench-sensor`,
+    # 10,000 files): the instance is asked a fixed number of times, never once per file, and each file is read once.
     first = _tick(bench)
-    assert time.perf_counter() - start < 20, "2,000 small files must take a fraction of Dagster's 60 s"
+    assert len(lists.calls) == 1
     [(name, keys)] = adds.calls  # one insert for every key
     assert name == "documents" and sorted(keys) == sorted(document_id(p.relative_to(folder).as_posix()) for p in paths)
     assert checks.calls == [] and first.dynamic_partitions_requests == []  # nothing left for the daemon to check

@@ -107,6 +107,7 @@ def test_home_that_is_a_file_or_under_one(tmp_path):
     assert Settings.from_env({"LEXGRAPH_HOME": str(tmp_path / "new")}).home == tmp_path / "new"
 
 
+@pytest.mark.subprocess
 def test_bad_settings_stop_the_console_script_with_one_line(tmp_path):
     """As a user runs it: a fresh process (Dagster's definitions are not imported yet), exit 2."""
     home_file = tmp_path / "home.txt"
@@ -155,6 +156,7 @@ def bundled_model_copy(tmp_path) -> Path:
     return target
 
 
+@pytest.mark.ingest
 @pytest.mark.parametrize("variable", ["LEXGRAPH_CHUNK_TOKENS", "LEXGRAPH_COLLECTION", "LEXGRAPH_EMBED_MODEL"])
 def test_ingest_status_and_search_use_one_index(tiny_corpus, tmp_path, monkeypatch, capsys, embedder, variable):
     from orchestration.cli import main
@@ -191,6 +193,8 @@ def test_ingest_status_and_search_use_one_index(tiny_corpus, tmp_path, monkeypat
         assert VectorStore(settings.lance_uri).count("chunks", f"model = '{value}'") == chunks.height
 
 
+@pytest.mark.subprocess
+@pytest.mark.ingest
 def test_console_script_ingest_then_status_and_search_agree(tiny_corpus, tmp_path):
     """The three commands as separate processes under LEXGRAPH_COLLECTION and LEXGRAPH_CHUNK_TOKENS."""
     env = clean_env(LEXGRAPH_HOME=str(tmp_path / "home"), LEXGRAPH_COLLECTION="other", LEXGRAPH_CHUNK_TOKENS="150",
