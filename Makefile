@@ -8,7 +8,7 @@ export LEXGRAPH_HOME ?= $(CURDIR)/.lexgraph
 export HF_HUB_OFFLINE := 1
 SHARED ?= ../shared
 
-.PHONY: install bytecode demo test test-fast dev dev-prod bench bench-musique bench-router bench-ingest bench-scale bench-incremental bench-extraction bench-extraction-cost bench-serve bench-sensor bench-embedder bench-query-scale bench-generalize clean
+.PHONY: install bytecode demo test test-fast dev dev-prod bench bench-musique bench-router bench-ingest bench-scale bench-incremental bench-extraction bench-extraction-cost bench-build-ratio bench-serve bench-sensor bench-embedder bench-query-scale bench-generalize clean
 
 # torch is installed first and pinned: the local CPU build; an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -93,6 +93,12 @@ bench-extraction: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_extraction_table --corpus $(MUSIQUE_HIPPORAG)/corpus \
 	  --questions $(MUSIQUE_HIPPORAG)/questions.dev.json --recording $(MUSIQUE_HIPPORAG)/openie_gpt-3.5-turbo-1106.json \
 	  $(if $(LIMIT),--limit $(LIMIT))
+
+# a full `lexgraph ingest` of LiHua-World with this checkout against REF's code (default: the commit before the
+# spaCy extractor), alternating, as a ratio (issue 40: at most 1.25x)
+REF ?= 36df744
+bench-build-ratio: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_build_ratio --ref $(REF) --corpus $(SHARED)/datasets/lihua-world/LiHuaWorld.zip
 
 # what LLM extraction costs by β, adding one document, and offline extraction against embedding throughput
 # (issue 8), with the synthetic test LLM on LiHua-World

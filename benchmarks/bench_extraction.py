@@ -5,7 +5,7 @@ The project's local OpenAI-protocol test server (tests.llm_server.LLMTestServer,
 read from the index's cost ledger (stage "extraction"), never counted here.
 
 1. A base index: the corpus minus one held-out document, ingested through the Dagster asset graph with the
-   heuristic extractor (every chunk extracted, no LLM). With --index, the base starts from a copy of an
+   offline (spaCy) extractor (every chunk extracted, no LLM). With --index, the base starts from a copy of an
    already-ingested index of the corpus (e.g. the `lexgraph bench` cache), so the chunks are not embedded
    again; the original is never written to.
 2. For each β, a copy of the base: `ingest_folder` with the LLM configured and LEXGRAPH_BETA=β (rebuilds the
@@ -14,7 +14,7 @@ read from the index's cost ledger (stage "extraction"), never counted here.
    completion tokens of those runs, as ratios to β = 1.0; LLM-extracted chunks against ⌊β·n⌋.
 3. At the default β: the held-out document is added and the folder ingested again (the calls of that ingest's
    runs); then a second ingest and a `reextract` with nothing changed (their calls: zero expected).
-4. In the same process, on the same chunks: the heuristic extractor's throughput (chunks/s) against the
+4. In the same process, on the same chunks: the offline extractor's throughput (chunks/s) against the
    embedding model's (the call the embedding stage makes), median of repeats, alternating.
 """
 from __future__ import annotations
@@ -102,7 +102,7 @@ def prepare_base(corpus: Path, work: Path, held_out: str, index_home: Path | Non
     held.parent.mkdir(parents=True)
     shutil.move(folder / held_out, held)
     home = _copy(index_home, work / "base") if index_home is not None else work / "base"
-    settings = Settings.from_env(home=home, inbox=folder, beta=DEFAULT_BETA, llm_base_url="")  # heuristic only
+    settings = Settings.from_env(home=home, inbox=folder, beta=DEFAULT_BETA, llm_base_url="")  # offline extraction only
     started = time.perf_counter()
     with dg.DagsterInstance.ephemeral() as instance:  # what `lexgraph ingest` runs on
         report = ingest_folder(folder, instance, settings=settings, prune=True, progress=False)
@@ -112,7 +112,7 @@ def prepare_base(corpus: Path, work: Path, held_out: str, index_home: Path | Non
         if redo.failed or redo.lexical_ok is False:
             raise SystemExit(f"base extraction failed: {redo.failed}")
     log(f"base: {report.new} new, {report.unchanged} unchanged, {report.removed} removed (held out: {held_out}); "
-        f"{len(redo.documents)} documents extracted heuristically; {time.perf_counter() - started:.0f} s")
+        f"{len(redo.documents)} documents extracted offline; {time.perf_counter() - started:.0f} s")
     return folder, home, held
 
 
@@ -177,35 +177,35 @@ def measure_add_one(settings: Settings, folder: Path, held: Path, held_out: str,
 
 
 def throughput(settings: Settings, repeats: int, embed_repeats: int, log: Log) -> dict:
-    """Heuristic extraction and embedding of the same chunks, in this process, alternating; medians."""
+    """Offline extraction and embedding of the same chunks, in this process, alternating; medians."""
     from lexgraph.extract.embedder import Embedder
 
     chunks = ExtractStore(settings.extract_dir).scan(CHUNKS).select("chunk_id", "doc_id", "text", "heading_path").collect()
     inputs = lexical.chunk_inputs(chunks)
     texts = chunks["text"].to_list()
-    heuristic = lexical.heuristic_extractor(settings)
+    offline = lexical.offline_extractor(settings)
     embedder = Embedder.shared(settings.embed_model)
     embedder.embed(["warm up the model before timing"])
-    heuristic.extract(inputs[0])
-    times: dict[str, list[float]] = {"heuristic": [], "embedding": []}
+    offline.extract(inputs[0])
+    times: dict[str, list[float]] = {"offline": [], "embedding": []}
     for repeat in range(max(repeats, embed_repeats)):
         if repeat < repeats:
             started = time.perf_counter()
-            for chunk in inputs:
-                heuristic.extract(chunk)
-            times["heuristic"].append(time.perf_counter() - started)
+            for start in range(0, len(inputs), lexical.OfflineRows.BATCH):  # batched as the extraction stage does
+                offline.extract_many(inputs[start:start + lexical.OfflineRows.BATCH])
+            times["offline"].append(time.perf_counter() - started)
         if repeat < embed_repeats:
             started = time.perf_counter()
             embedder.embed(texts)
             times["embedding"].append(time.perf_counter() - started)
         log(f"throughput repeat {repeat + 1} on {len(texts)} chunks: "
             + ", ".join(f"{kind} {runs[-1]:.1f} s" for kind, runs in times.items() if len(runs) == repeat + 1))
-    heuristic_cps = len(inputs) / statistics.median(times["heuristic"])
+    offline_cps = len(inputs) / statistics.median(times["offline"])
     embedding_cps = len(texts) / statistics.median(times["embedding"])
-    return {"chunks": len(inputs), "heuristic_seconds": [round(t, 2) for t in times["heuristic"]],
+    return {"chunks": len(inputs), "offline_seconds": [round(t, 2) for t in times["offline"]],
             "embedding_seconds": [round(t, 2) for t in times["embedding"]],
-            "heuristic_chunks_per_s": round(heuristic_cps, 1), "embedding_chunks_per_s": round(embedding_cps, 1),
-            "heuristic_over_embedding": round(heuristic_cps / embedding_cps, 2), "embed_model": settings.embed_model}
+            "offline_chunks_per_s": round(offline_cps, 1), "embedding_chunks_per_s": round(embedding_cps, 1),
+            "offline_over_embedding": round(offline_cps / embedding_cps, 2), "embed_model": settings.embed_model}
 
 
 def measure(corpus: str | Path, work: str | Path, server, *, index_home: str | Path | None = None,
@@ -258,9 +258,9 @@ def table(results: dict) -> str:
     if "throughput" in results:
         t = results["throughput"]
         lines += ["", f"throughput on the same {t['chunks']} chunks, one process (median of "
-                      f"{len(t['heuristic_seconds'])} / {len(t['embedding_seconds'])} runs): heuristic extractor "
-                      f"{t['heuristic_chunks_per_s']} chunks/s, embedding ({t['embed_model']}) "
-                      f"{t['embedding_chunks_per_s']} chunks/s, ratio {t['heuristic_over_embedding']}x"]
+                      f"{len(t['offline_seconds'])} / {len(t['embedding_seconds'])} runs): offline extractor "
+                      f"{t['offline_chunks_per_s']} chunks/s, embedding ({t['embed_model']}) "
+                      f"{t['embedding_chunks_per_s']} chunks/s, ratio {t['offline_over_embedding']}x"]
     return "\n".join(lines)
 
 
@@ -273,7 +273,7 @@ def main() -> None:
     parser.add_argument("--index", help="an ingested index home of the corpus to copy (default: the `lexgraph "
                                         "bench` cache of the corpus under LEXGRAPH_HOME, when it exists)")
     parser.add_argument("--betas", default=",".join(str(b) for b in BETAS))
-    parser.add_argument("--repeats", type=int, default=3, help="heuristic extraction timing repeats")
+    parser.add_argument("--repeats", type=int, default=3, help="offline extraction timing repeats")
     parser.add_argument("--embed-repeats", type=int, default=3, help="embedding timing repeats")
     parser.add_argument("--held-out", help="relative path of the document added last (default: the last file)")
     parser.add_argument("--out", help="JSON file (default: bench-extraction.json in the work folder's parent)")

@@ -1,4 +1,4 @@
-"""A real OpenAI-compatible chat-completions server on 127.0.0.1 for tests and benchmarks.
+r"""A real OpenAI-compatible chat-completions server on 127.0.0.1 for tests and benchmarks.
 
 It answers ``POST /v1/chat/completions`` with a deterministic, schema-valid ``ChunkExtraction``
 derived from the chunk in the request (the text between ``<chunk>`` and ``</chunk>`` in the first
