@@ -6,7 +6,7 @@ import dagster as dg
 
 from assets.catalog import CORPUS, spec_kwargs
 from assets.skeleton import keyword_index, skeleton_selection
-from lexgraph.build import corpus_index as ci
+from lexgraph.indexing import corpus_index as ci
 from lexgraph.storage import lance_indexes
 from orchestration.partitions import GRAPH_WRITER_POOL
 from resources import IndexResource, LanceDBResource

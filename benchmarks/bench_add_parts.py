@@ -24,8 +24,8 @@ import polars as pl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_knn_edges import _alternating  # noqa: E402
-from lexgraph.build import corpus_index as ci  # noqa: E402
-from lexgraph.build.pipeline import CHUNKS, STATEMENTS  # noqa: E402
+from lexgraph.indexing import corpus_index as ci  # noqa: E402
+from lexgraph.indexing.pipeline import CHUNKS, STATEMENTS  # noqa: E402
 from lexgraph.extract.embedder import Embedder, reusing_recent_vectors  # noqa: E402
 from lexgraph.extract.keywords import extract_keywords  # noqa: E402
 from lexgraph.storage.extract_store import ExtractStore  # noqa: E402

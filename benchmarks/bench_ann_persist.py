@@ -3,7 +3,7 @@ against the same add with the index file deleted (so rebuilt from all vectors, a
 
     .venv/bin/python benchmarks/bench_ann_persist.py --chunks 100000 --repeats 3
 
-Synthetic clustered unit vectors (384-d) and word lists; engine only (lexgraph.build.corpus_index.update_knn),
+Synthetic clustered unit vectors (384-d) and word lists; engine only (lexgraph.indexing.corpus_index.update_knn),
 each timed add in a fresh subprocess so nothing is warm in memory.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ def corpus(n: int, seed: int = 0) -> tuple[pl.DataFrame, np.ndarray, pl.DataFram
 
 def add(root: Path, n: int, added: int) -> dict:
     """One update in this process: the saved corpus of n - added chunks plus `added` new ones."""
-    from lexgraph.build.corpus_index import CorpusFiles, update_knn
+    from lexgraph.indexing.corpus_index import CorpusFiles, update_knn
 
     chunks, vectors, words = corpus(n)
     started = time.perf_counter()
@@ -56,7 +56,7 @@ def main() -> None:
     if args.worker:
         print("RESULT " + json.dumps(add(Path(args.worker), args.chunks, args.added)))
         return
-    from lexgraph.build.corpus_index import CorpusFiles, update_knn
+    from lexgraph.indexing.corpus_index import CorpusFiles, update_knn
 
     base = Path(tempfile.mkdtemp(prefix="lexgraph-ann-"))
     try:

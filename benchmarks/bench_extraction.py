@@ -34,10 +34,10 @@ from typing import Callable, Sequence
 import dagster as dg
 import polars as pl
 
-from lexgraph.build import lexical
-from lexgraph.build.corpus_index import CorpusFiles, read_selection_diff
-from lexgraph.build.pipeline import CHUNKS, EXTRACTIONS
-from lexgraph.build.skeleton import DEFAULT_BETA, skeleton_size
+from lexgraph.indexing import lexical
+from lexgraph.indexing.corpus_index import CorpusFiles, read_selection_diff
+from lexgraph.indexing.pipeline import CHUNKS, EXTRACTIONS
+from lexgraph.indexing.skeleton import DEFAULT_BETA, skeleton_size
 from lexgraph.ids import document_id
 from lexgraph.inbox import iter_corpus_files
 from lexgraph.ledger import CostLedger

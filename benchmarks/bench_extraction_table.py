@@ -44,7 +44,7 @@ from typing import Callable, Sequence
 import dagster as dg
 
 from benchmarks.bench_extraction import extraction_state, llm_cost
-from lexgraph.build.pipeline import EXTRACTIONS
+from lexgraph.indexing.pipeline import EXTRACTIONS
 from lexgraph.evaluation import metrics as ev
 from lexgraph.evaluation.answers import EngineSearcher, build_engine
 from lexgraph.evaluation.bench import run_questions, single_threaded_torch, summarise

@@ -16,7 +16,7 @@ import dagster as dg
 from benchmarks.common import median, peak_rss_mb, prepare_corpus
 from lexgraph.extract.embedder import Embedder
 from lexgraph.ids import document_id
-from lexgraph.build.pipeline import ingest_directly
+from lexgraph.indexing.pipeline import ingest_directly
 from lexgraph.settings import Settings
 from lexgraph.inbox import iter_corpus_files
 from lexgraph.storage.vector_store import VectorStore

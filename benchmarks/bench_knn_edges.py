@@ -23,8 +23,8 @@ import scipy.sparse as sp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lexgraph.build import corpus_index as ci  # noqa: E402
-from lexgraph.build.pagerank import pagerank, pagerank_of_positions  # noqa: E402
+from lexgraph.indexing import corpus_index as ci  # noqa: E402
+from lexgraph.indexing.pagerank import pagerank, pagerank_of_positions  # noqa: E402
 from lexgraph.query.retrieval import _load_neighbours  # noqa: E402
 
 

@@ -31,7 +31,7 @@ def add(index: Path, work: Path, seed: int) -> dict:
     import polars as pl
 
     from assets.skeleton import _catalog_chunks
-    from lexgraph.build import corpus_index as ci
+    from lexgraph.indexing import corpus_index as ci
     from lexgraph.storage.extract_store import ExtractStore
     from lexgraph.storage.vector_store import VectorStore
 

@@ -80,7 +80,7 @@ class Batches:
                             "BELONGS_TO": pl.DataFrame({"from": ids, "to": topic})}
 
 
-# --- one add's Kùzu writes, as the callers in lexgraph/build did them at BASE and do them now ---
+# --- one add's Kùzu writes, as the callers in lexgraph/indexing did them at BASE and do them now ---
 
 def similarity_base(g, b: Batches) -> None:
     g.count("SIMILAR")

@@ -1,6 +1,6 @@
 """The lexical_graph step alone, in a fresh process: one new document added to a large index, then
 `build_lexical_graph` timed, either as this checkout has it (a diff from the saved state) or as a given
-older lexical.py has it (e.g. `git show fbe8931^:lexgraph/build/lexical.py > /tmp/old_lexical.py`).
+older lexical.py has it (e.g. `git show fbe8931^:lexgraph/indexing/lexical.py > /tmp/old_lexical.py`).
 
     .venv/bin/python -m benchmarks.bench_lexical_step HOME WORK [--old /tmp/old_lexical.py]
 
@@ -43,8 +43,8 @@ def prepare(home: Path, work: Path) -> Path:
 
 def add_document(home: Path, embedder, chunks: int = 20) -> str:
     from benchmarks.synthetic_index import CorpusSpec, document_name, document_text
-    from lexgraph.build import lexical
-    from lexgraph.build.pipeline import chunk_documents, load_graph, load_sources
+    from lexgraph.indexing import lexical
+    from lexgraph.indexing.pipeline import chunk_documents, load_graph, load_sources
     from lexgraph.extract.nlp_extractor import NLPExtractor
     from lexgraph.ids import document_id
     from lexgraph.settings import Settings
@@ -76,8 +76,8 @@ def main() -> None:
     parser.add_argument("--old", type=Path, help="an older lexical.py to time instead of this checkout's")
     parser.add_argument("--profile", action="store_true", help="print the step's cProfile (cumulative, top 40)")
     args = parser.parse_args()
-    from lexgraph.build import lexical
-    from lexgraph.build.corpus_index import CorpusFiles
+    from lexgraph.indexing import lexical
+    from lexgraph.indexing.corpus_index import CorpusFiles
     from lexgraph.extract.embedder import Embedder
     from lexgraph.settings import Settings
     from lexgraph.storage.extract_store import ExtractStore

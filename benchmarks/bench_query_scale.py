@@ -185,7 +185,7 @@ def indexed_copy(home: Path) -> Path:
     """A copy of a real index home (e.g. the LiHua-World cache, never written to) with the search indexes the
     corpus job's search_indexes asset builds, keyword links from its Extract store included; kept beside the
     bench caches and reused."""
-    from lexgraph.build import corpus_index as ci
+    from lexgraph.indexing import corpus_index as ci
     from lexgraph.storage.extract_store import ExtractStore
 
     copy = CACHE / f"query-scale-copy-{home.parent.name}"

@@ -37,9 +37,9 @@ from scipy.sparse.csgraph import connected_components
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lexgraph.build.knn import DEFAULT_K, DEFAULT_MAX_DF, lexical_knn, semantic_knn  # noqa: E402
-from lexgraph.build.pagerank import pagerank  # noqa: E402
-from lexgraph.build.skeleton import DEFAULT_BETA, select_skeleton, selection_diff  # noqa: E402
+from lexgraph.indexing.knn import DEFAULT_K, DEFAULT_MAX_DF, lexical_knn, semantic_knn  # noqa: E402
+from lexgraph.indexing.pagerank import pagerank  # noqa: E402
+from lexgraph.indexing.skeleton import DEFAULT_BETA, select_skeleton, selection_diff  # noqa: E402
 from lexgraph.cli import _positive_int  # noqa: E402  (the CLI's own check: at least 1, a clear message)
 
 DIM = 384

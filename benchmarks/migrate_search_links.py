@@ -2,7 +2,7 @@
 per-document record of the keyword_links table, and the keyword ANN's training size (the index exists)."""
 import sys, time
 from pathlib import Path
-from lexgraph.build import corpus_index as ci
+from lexgraph.indexing import corpus_index as ci
 from lexgraph.settings import Settings
 from lexgraph.storage import lance_indexes as li
 from lexgraph.storage.extract_store import ExtractStore

@@ -19,8 +19,8 @@ from datetime import timedelta
 
 import pyarrow as pa
 
-from lexgraph.build import corpus_index as ci
-from lexgraph.build import lexical, lexical_diff
+from lexgraph.indexing import corpus_index as ci
+from lexgraph.indexing import lexical, lexical_diff
 from lexgraph.extract.embedder import Embedder
 from lexgraph.settings import Settings
 from lexgraph.storage import lance_indexes, lance_maintenance

@@ -64,7 +64,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     import polars as pl
 
-    from lexgraph.build.corpus_index import CorpusFiles
+    from lexgraph.indexing.corpus_index import CorpusFiles
     from lexgraph.storage.graph_store import GraphStore
     from lexgraph.storage.vector_store import VectorStore
 
@@ -121,7 +121,7 @@ def _endpoint(url: str) -> str:
 
 def _llm_calls(settings: Settings) -> dict[str, int]:
     """LLM extraction calls so far, from the cost ledger: calls that reached a model, and cache hits."""
-    from lexgraph.build.lexical import EXTRACTION_STAGE
+    from lexgraph.indexing.lexical import EXTRACTION_STAGE
     from lexgraph.ledger import CostLedger
 
     totals = CostLedger(settings.ledger_dir).totals(by=["stage"])

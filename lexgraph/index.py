@@ -6,7 +6,7 @@ from contextlib import contextmanager
 from functools import cached_property
 from typing import Iterator
 
-from lexgraph.build.corpus_index import CorpusFiles
+from lexgraph.indexing.corpus_index import CorpusFiles
 from lexgraph.settings import Settings
 from lexgraph.storage.extract_store import ExtractStore
 from lexgraph.storage.graph_store import GraphStore
@@ -49,12 +49,12 @@ class LexIndex:
 
     def llm_extractor(self):
         """The `openai` extractor when an endpoint is configured, else None (the offline NLP extraction only)."""
-        from lexgraph.build.lexical import llm_extractor
+        from lexgraph.indexing.lexical import llm_extractor
 
         return llm_extractor(self.settings)
 
     def offline_extractor(self):
-        from lexgraph.build.lexical import offline_extractor
+        from lexgraph.indexing.lexical import offline_extractor
 
         return offline_extractor(self.settings)
 

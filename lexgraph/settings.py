@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Mapping
 from urllib.parse import urlparse
 
-from lexgraph.build.knn import DEFAULT_K as DEFAULT_KNN_K
-from lexgraph.build.skeleton import DEFAULT_BETA
+from lexgraph.indexing.knn import DEFAULT_K as DEFAULT_KNN_K
+from lexgraph.indexing.skeleton import DEFAULT_BETA
 from lexgraph.extract.embedder import DEFAULT_BACKEND, DEFAULT_MODEL, EMBED_BACKENDS, TORCH, model_input_limit
 from lexgraph.extract.schemas import DEFAULT_ENTITY_TYPES
 from lexgraph.ids import short_hash

@@ -9,7 +9,7 @@ from assets.lexical import document_lexical_assets, lexical_assets
 from assets.maintenance import lance_compaction
 from assets.search_indexes import search_indexes
 from assets.skeleton import corpus_assets, document_keywords
-from lexgraph.build import pipeline
+from lexgraph.indexing import pipeline
 from orchestration.partitions import GRAPH_WRITER_POOL
 from resources import IndexResource, InboxResource, KuzuResource, LanceDBResource
 

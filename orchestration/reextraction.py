@@ -14,8 +14,8 @@ import json
 
 import dagster as dg
 
-from lexgraph.build import lexical
-from lexgraph.build.corpus_index import CorpusFiles, read_selection_diff
+from lexgraph.indexing import lexical
+from lexgraph.indexing.corpus_index import CorpusFiles, read_selection_diff
 from lexgraph.ids import short_hash
 from lexgraph.settings import Settings
 from lexgraph.storage.extract_store import ExtractStore

@@ -20,8 +20,8 @@ import polars as pl
 from tqdm import tqdm
 
 from lexgraph import progress as stage_progress
-from lexgraph.build import corpus_prefetch, pipeline
-from lexgraph.build.corpus_index import LEXICAL_GRAPH, CorpusFiles, solo_steps
+from lexgraph.indexing import corpus_prefetch, pipeline
+from lexgraph.indexing.corpus_index import LEXICAL_GRAPH, CorpusFiles, solo_steps
 from lexgraph.extract.embedder import reusing_recent_vectors
 from lexgraph.inbox import FileState, plan_reconcile, scan_folder
 from lexgraph.settings import Settings

@@ -12,8 +12,8 @@ from typing import Iterator
 
 import dagster as dg
 
-from lexgraph.build import lexical
-from lexgraph.build.corpus_index import CorpusFiles
+from lexgraph.indexing import lexical
+from lexgraph.indexing.corpus_index import CorpusFiles
 from lexgraph.extract.extraction_cache import ExtractionCache
 from lexgraph.extract.schemas import Extractor
 from lexgraph.ledger import CostLedger

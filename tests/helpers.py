@@ -103,7 +103,7 @@ def crash_keyword_update(root: Path, doc_ids: list[str], setup: str = ""):
 
     from lexgraph import faults
 
-    script = ("import sys; from pathlib import Path; from lexgraph.build import corpus_index as ci; "
+    script = ("import sys; from pathlib import Path; from lexgraph.indexing import corpus_index as ci; "
               "from lexgraph.storage.extract_store import ExtractStore\n"
               f"{setup}\n"
               "root = Path(sys.argv[1]); ci.update_keyword_index(ci.CorpusFiles(root / 'index'), "

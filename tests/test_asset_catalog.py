@@ -14,8 +14,8 @@ import polars as pl
 import pytest
 
 from assets.catalog import GROUPS, TABLES, Table, columns_of, owners
-from lexgraph.build import lexical
-from lexgraph.build.corpus_index import CorpusFiles
+from lexgraph.indexing import lexical
+from lexgraph.indexing.corpus_index import CorpusFiles
 from lexgraph.settings import Settings
 from lexgraph.storage.extract_store import ExtractStore
 from lexgraph.storage.graph_store import GraphStore

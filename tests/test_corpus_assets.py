@@ -5,7 +5,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from lexgraph.build.corpus_index import CORPUS_STEPS, RELOADED, CorpusFiles, catalog_digest, read_edges
+from lexgraph.indexing.corpus_index import CORPUS_STEPS, RELOADED, CorpusFiles, catalog_digest, read_edges
 from lexgraph.settings import Settings
 from orchestration.definitions import build_definitions
 from orchestration.runner import ingest_folder

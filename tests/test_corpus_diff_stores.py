@@ -8,7 +8,7 @@ from pathlib import Path
 import dagster as dg
 import polars as pl
 
-from lexgraph.build.corpus_index import CorpusFiles
+from lexgraph.indexing.corpus_index import CorpusFiles
 from lexgraph.settings import Settings
 from lexgraph.storage.graph_store import GraphStore
 from lexgraph.storage.vector_store import VectorStore
@@ -158,8 +158,8 @@ def test_every_document_changed_rewrites_the_keyword_graph_instead_of_diffing(tm
     their links edge by edge in Kùzu ran for over 10 minutes at 100k chunks, so the stores are written whole."""
     import os
 
-    from lexgraph.build import lexical_diff
-    from lexgraph.build.pipeline import KEYWORD_STATS
+    from lexgraph.indexing import lexical_diff
+    from lexgraph.indexing.pipeline import KEYWORD_STATS
     from lexgraph.storage.extract_store import ExtractStore
 
     monkeypatch.setattr(lexical_diff, "REBUILD_MIN_DOCUMENTS", 2)  # the corpus here is tiny

@@ -8,9 +8,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from lexgraph.build import corpus_index as ci
-from lexgraph.build.corpus_index import CorpusFiles, update_knn
-from lexgraph.build.knn import lexical_knn, semantic_knn
+from lexgraph.indexing import corpus_index as ci
+from lexgraph.indexing.corpus_index import CorpusFiles, update_knn
+from lexgraph.indexing.knn import lexical_knn, semantic_knn
 from tests.helpers import clustered_corpus
 
 

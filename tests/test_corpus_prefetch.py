@@ -1,4 +1,4 @@
-"""The chunk KNN graph's inputs read ahead while an ingest's documents run (lexgraph.build.corpus_prefetch):
+"""The chunk KNN graph's inputs read ahead while an ingest's documents run (lexgraph.indexing.corpus_prefetch):
 used only while they are still true, and an update that used them ends as a build from nothing."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from lexgraph.build import corpus_prefetch
-from lexgraph.build.corpus_index import CorpusFiles, load_knn
+from lexgraph.indexing import corpus_prefetch
+from lexgraph.indexing.corpus_index import CorpusFiles, load_knn
 from lexgraph.settings import Settings
 from lexgraph.storage.vector_store import VectorStore
 from orchestration.runner import ingest_folder

@@ -19,7 +19,7 @@ import polars as pl
 import pytest
 
 from lexgraph import faults
-from lexgraph.build.corpus_index import CorpusFiles, update_knn, update_keyword_index
+from lexgraph.indexing.corpus_index import CorpusFiles, update_knn, update_keyword_index
 from lexgraph.extract.keywords import keyword_stats
 from lexgraph.settings import Settings
 from lexgraph.storage.extract_store import ExtractStore

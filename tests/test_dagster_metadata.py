@@ -8,9 +8,9 @@ import pytest
 from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
 from dagster._core.loader import LoadingContextForTest
 
-from lexgraph.build import corpus_index as ci
-from lexgraph.build import lexical
-from lexgraph.build import pipeline
+from lexgraph.indexing import corpus_index as ci
+from lexgraph.indexing import lexical
+from lexgraph.indexing import pipeline
 from lexgraph.settings import Settings
 from lexgraph.storage.graph_store import GraphStore
 from lexgraph.storage.vector_store import VectorStore

@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from lexgraph.build.pipeline import CHUNK_COLUMNS
+from lexgraph.indexing.pipeline import CHUNK_COLUMNS
 from lexgraph.extract.embedder import Embedder, InputTooLongError, model_input_limit
 
 

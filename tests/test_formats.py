@@ -11,7 +11,7 @@ from pptx.util import Inches
 from pypdf import PdfReader, PdfWriter
 from pypdf.generic import DecodedStreamObject, DictionaryObject, NameObject
 
-from lexgraph.build.pipeline import CHUNKS, SOURCES, chunk_frame, load_sources
+from lexgraph.indexing.pipeline import CHUNKS, SOURCES, chunk_frame, load_sources
 from lexgraph.extract.readers import DocumentError, probe_problem, read_document
 from lexgraph.extract.source_texts import SOURCE_TEXTS, page_of, source_span, source_text
 from lexgraph.ids import content_hash, document_id

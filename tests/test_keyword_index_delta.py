@@ -10,8 +10,8 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from lexgraph.build import corpus_index as ci
-from lexgraph.build.corpus_index import CorpusFiles, update_keyword_index, write_keyword_index
+from lexgraph.indexing import corpus_index as ci
+from lexgraph.indexing.corpus_index import CorpusFiles, update_keyword_index, write_keyword_index
 from lexgraph.extract import keywords as kw
 from lexgraph.storage.extract_store import ExtractStore
 from lexgraph.storage.graph_store import GraphStore

@@ -5,8 +5,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from lexgraph.build import knn
-from lexgraph.build.knn import lexical_knn, semantic_knn
+from lexgraph.indexing import knn
+from lexgraph.indexing.knn import lexical_knn, semantic_knn
 
 
 @pytest.fixture(params=["default_blocks", "tiny_blocks"])

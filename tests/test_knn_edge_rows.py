@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lexgraph.build import corpus_index as ci
-from lexgraph.build.knn import EdgeRows
-from lexgraph.build.pagerank import pagerank, pagerank_of_positions
+from lexgraph.indexing import corpus_index as ci
+from lexgraph.indexing.knn import EdgeRows
+from lexgraph.indexing.pagerank import pagerank, pagerank_of_positions
 from tests.test_knn_persist import corpus, sorted_edges
 
 

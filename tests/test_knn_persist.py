@@ -10,9 +10,9 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from lexgraph.build import corpus_index as ci
-from lexgraph.build.corpus_index import CorpusFiles, edge_diff, update_knn
-from lexgraph.build.knn import edge_changes, lexical_knn, semantic_knn
+from lexgraph.indexing import corpus_index as ci
+from lexgraph.indexing.corpus_index import CorpusFiles, edge_diff, update_knn
+from lexgraph.indexing.knn import edge_changes, lexical_knn, semantic_knn
 
 
 def corpus(n: int, dim: int = 16, seed: int = 5) -> tuple[pl.DataFrame, np.ndarray, pl.DataFrame]:

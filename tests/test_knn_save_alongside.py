@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from lexgraph.build import corpus_index as ci
+from lexgraph.indexing import corpus_index as ci
 from lexgraph.storage.graph_store import GraphStore
 from tests.helpers import clustered_corpus, load_chunk_nodes
 

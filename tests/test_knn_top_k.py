@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lexgraph.build import knn
+from lexgraph.indexing import knn
 
 
 def reference_top_k(rows, cols, sims, k):

@@ -10,9 +10,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from lexgraph.build import lexical
-from lexgraph.build.corpus_index import CorpusFiles
-from lexgraph.build.pipeline import (STATEMENTS, chunk_documents, embed_documents, load_graph, load_sources,
+from lexgraph.indexing import lexical
+from lexgraph.indexing.corpus_index import CorpusFiles
+from lexgraph.indexing.pipeline import (STATEMENTS, chunk_documents, embed_documents, load_graph, load_sources,
                                      purge_documents)
 from lexgraph.extract.nlp_extractor import NLPExtractor
 from lexgraph.ids import document_id
@@ -253,7 +253,7 @@ def test_a_state_saved_as_parquet_before_is_still_read(index, tmp_path):
 
 
 def lexical_diff_mark(index: Index) -> None:
-    from lexgraph.build.lexical_diff import mark_writing
+    from lexgraph.indexing.lexical_diff import mark_writing
 
     mark_writing(index.state)
 
@@ -273,7 +273,7 @@ def test_a_graph_that_does_not_add_up_is_rebuilt(index, tmp_path, table):
 
 
 def test_a_change_to_most_documents_is_rebuilt(index, tmp_path, monkeypatch):
-    from lexgraph.build import lexical_diff
+    from lexgraph.indexing import lexical_diff
 
     monkeypatch.setattr(lexical_diff, "REBUILD_MIN_DOCUMENTS", 1)  # the corpus here is tiny
     index.put("alpha.md", DOCS["alpha.md"])
@@ -374,7 +374,7 @@ def test_a_document_that_splits_a_name_by_type_and_its_removal_equal_a_build_fro
     """The country Jordan arrives beside the person Jordan (a split), a second person document hands the name's id
     to the person, and the documents leave again until the split is undone: after each step the diff equals a
     build from nothing, and only documents whose rows of Jordan resolve anew are rewritten besides the changed."""
-    from lexgraph.build.resolution import entity_id
+    from lexgraph.indexing.resolution import entity_id
 
     crew, news = put_scripted(index, "crew.txt", TYPED["crew.txt"]), put_scripted(index, "news.txt", TYPED["news.txt"])
     index.build()

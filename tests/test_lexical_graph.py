@@ -10,8 +10,8 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from lexgraph.build import lexical
-from lexgraph.build.corpus_index import CorpusFiles, read_selection_diff
+from lexgraph.indexing import lexical
+from lexgraph.indexing.corpus_index import CorpusFiles, read_selection_diff
 from lexgraph.extract.extraction_cache import ExtractionCache
 from lexgraph.extract.llm import OpenAIExtractor
 from lexgraph.extract.pii import PiiMaskingError, mask_pii

@@ -30,8 +30,8 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from lexgraph.build import lexical, pipeline
-from lexgraph.build.corpus_index import CorpusFiles
+from lexgraph.indexing import lexical, pipeline
+from lexgraph.indexing.corpus_index import CorpusFiles
 from lexgraph.extract.extraction_cache import ExtractionCache
 from lexgraph.extract.llm import CIRCUIT_OPEN, LLMConfig, LLMConfigError, LLMFailure, StructuredLLM
 from lexgraph.extract.schemas import extraction_model

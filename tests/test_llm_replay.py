@@ -12,8 +12,8 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from lexgraph.build.lexical import EXTRACTION_STAGE
-from lexgraph.build.pipeline import CHUNKS, EXTRACTIONS
+from lexgraph.indexing.lexical import EXTRACTION_STAGE
+from lexgraph.indexing.pipeline import CHUNKS, EXTRACTIONS
 from lexgraph.extract.llm import LLMConfig, OpenAIExtractor
 from lexgraph.extract.schemas import ChunkInput, clean_text, name_key
 from lexgraph.ledger import CostLedger

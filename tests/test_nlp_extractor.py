@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lexgraph.build.pipeline import chunk_frame
+from lexgraph.indexing.pipeline import chunk_frame
 from lexgraph.extract.nlp_extractor import NER_TYPES, RULES_VERSION, NLPExtractor
 from lexgraph.extract.readers import read_document
 from lexgraph.extract.schemas import ChunkExtraction, ChunkInput, Extractor

@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from lexgraph.build.pagerank import pagerank
+from lexgraph.indexing.pagerank import pagerank
 
 EDGES = [("a", "b", 1.0), ("a", "c", 3.0), ("b", "c", 0.5), ("c", "d", 2.0), ("d", "e", 1.0), ("e", "a", 0.25)]
 

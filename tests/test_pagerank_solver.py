@@ -6,8 +6,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from lexgraph.build.pagerank import pagerank
-from lexgraph.build.skeleton import (DEFAULT_BETA, frame_selection_diff, select_skeleton, selection_diff, skeleton_mask,
+from lexgraph.indexing.pagerank import pagerank
+from lexgraph.indexing.skeleton import (DEFAULT_BETA, frame_selection_diff, select_skeleton, selection_diff, skeleton_mask,
                                      skeleton_size)
 
 

@@ -194,7 +194,7 @@ def _links_table(store: VectorStore) -> dict[str, list[str]]:
 def test_keyword_links_are_updated_by_document_and_end_equal_to_a_rewrite(lance_home, tmp_path):
     """Removing, changing and re-adding documents touches only their keywords' rows, and the table always
     equals one written whole from the same catalog; a run repeated after a kill changes nothing."""
-    from lexgraph.build import corpus_index as ci
+    from lexgraph.indexing import corpus_index as ci
 
     home = tmp_path / "index"
     shutil.copytree(lance_home, home)

@@ -7,7 +7,7 @@ import re
 import polars as pl
 import pytest
 
-from lexgraph.build.resolution import (
+from lexgraph.indexing.resolution import (
     ENTITY_SCHEMA,
     FACT_SCHEMA,
     MERGE_SCHEMA,

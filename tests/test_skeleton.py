@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lexgraph.build.skeleton import select_skeleton, selection_diff, skeleton_size
+from lexgraph.indexing.skeleton import select_skeleton, selection_diff, skeleton_size
 
 IDS = ["c5", "c1", "c4", "c2", "c3", "c0"]
 SCORES = [0.10, 0.30, 0.20, 0.20, 0.05, 0.15]

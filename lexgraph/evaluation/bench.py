@@ -138,7 +138,7 @@ def index_cost_from_store(settings: Settings) -> dict:
             "source": "ledger"}
     chunk_tokens = int(embedding.filter(pl.col("stage") == "embedding")["prompt_tokens"].sum())
     if not ledger.height:
-        from lexgraph.build.pipeline import CHUNKS
+        from lexgraph.indexing.pipeline import CHUNKS
         from lexgraph.storage.extract_store import ExtractStore
 
         scan = ExtractStore(settings.extract_dir).scan(CHUNKS)

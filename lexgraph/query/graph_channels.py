@@ -1,7 +1,7 @@
 """The lexical graph's two retrieval channels: ``entity`` (DESIGN.md §5's skeleton/entity channel) and
 ``statement`` (statement traversal), plus :func:`statements_for`, the statements behind chunk hits.
 
-Both read what the lexical graph load wrote (``lexgraph.build.lexical``): the LanceDB ``statements`` and
+Both read what the lexical graph load wrote (``lexgraph.indexing.lexical``): the LanceDB ``statements`` and
 ``entities`` vector tables and the Extract store's per-document ``entities``, ``relations`` and ``facts``
 Parquet. Never Kùzu: the query side must not need the single graph writer, and a benchmark asks hundreds of
 questions, so :func:`load_lexical_graph` reads everything once into sparse matrices (it is called by
@@ -10,7 +10,7 @@ loads with ``RetrievalIndex.graph`` parts set to None, and both channels then re
 
 **entity** (:func:`entity_scores`): the query's nearest entity vectors ("name: description", the top
 ``entity_top`` by cosine, weighted by it) and the entity names found verbatim in the query (n-grams matched by
-the resolver's key, :func:`lexgraph.build.resolution.normalise_entity_name`, so "the Kestrel Propulsion GmbH"
+the resolver's key, :func:`lexgraph.indexing.resolution.normalise_entity_name`, so "the Kestrel Propulsion GmbH"
 finds "Kestrel Propulsion"; spaces are ignored, so "Li Hua" finds the chat speaker "LiHua"; weight
 ``entity_exact_weight``). One hop along their relations adds up to ``entity_neighbours`` neighbouring
 entities, down-weighted by ``entity_hop_weight`` × the relation's share of the entity's relation strength.
@@ -54,7 +54,7 @@ import numpy as np
 import polars as pl
 import scipy.sparse as sp
 
-from lexgraph.build.resolution import entity_id, entity_ids_of_rows, normalise_entity_name
+from lexgraph.indexing.resolution import entity_id, entity_ids_of_rows, normalise_entity_name
 from lexgraph.extract.keywords import STOPWORDS
 from lexgraph.storage.extract_store import CorruptExtractError, ExtractStore
 from lexgraph.storage.vector_store import ENTITIES, STATEMENTS, VectorStore

@@ -7,8 +7,8 @@ from typing import Sequence
 
 import polars as pl
 
-from lexgraph.build.corpus_index import catalog_digest
-from lexgraph.build.pipeline import STATEMENTS
+from lexgraph.indexing.corpus_index import catalog_digest
+from lexgraph.indexing.pipeline import STATEMENTS
 from lexgraph.extract.source_texts import source_text
 from lexgraph.settings import Settings
 from lexgraph.storage.extract_store import ExtractStore

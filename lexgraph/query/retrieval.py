@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 import scipy.sparse as sp
 
-from lexgraph.build import corpus_index as ci
+from lexgraph.indexing import corpus_index as ci
 from lexgraph.evaluation.metrics import document_key
 from lexgraph.storage.extract_store import ExtractStore
 from lexgraph.extract.keywords import STOPWORDS, sentence_keywords

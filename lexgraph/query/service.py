@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from lexgraph.atomic_json import write_json
-from lexgraph.build.corpus_index import catalog_digest
+from lexgraph.indexing.corpus_index import catalog_digest
 from lexgraph.query.answer import Answer, ExtractiveAnswerer, LLMAnswerer
 from lexgraph.query.engine import ROUTE_CHOICES, QueryEngine, QueryParams, Retrieval
 from lexgraph.query.lance_backend import index_health, warm_lance
@@ -237,7 +237,7 @@ class QueryService:
         return default_router(self.settings.router_exemplars, lambda texts: embedder.result().embed_queries(texts))
 
     def _llm_client(self):
-        from lexgraph.build.lexical import llm_config
+        from lexgraph.indexing.lexical import llm_config
         from lexgraph.extract.llm import StructuredLLM
 
         if self._use_llm is False or self.settings.extractor != "openai":

@@ -159,7 +159,7 @@ class GraphStore:
     def _migrate_similar(self) -> None:
         """SIMILAR written with `kind STRING` is recreated empty in the current schema. Its edges come back
         whole with the next corpus update: the sync record names SIMILAR_SCHEMA, so older records are void
-        (lexgraph.build.corpus_index.synced_similar_generation), whether or not this process lives on."""
+        (lexgraph.indexing.corpus_index.synced_similar_generation), whether or not this process lives on."""
         kind = self.conn.execute("CALL table_info('SIMILAR') WHERE name = 'kind' RETURN type").get_next()[0]
         if kind == "STRING":
             self._recreate("SIMILAR")
@@ -358,7 +358,7 @@ class GraphStore:
             keep = frame.filter(pl.col("from").is_in(list(known.get(source, ()))) & pl.col("to").is_in(list(known.get(target, ()))))
             self._copy(rel, keep)
 
-    # --- the lexical graph written as a difference (lexgraph.build.lexical_diff) ---
+    # --- the lexical graph written as a difference (lexgraph.indexing.lexical_diff) ---
 
     def source_versions(self) -> dict[str, str]:
         """doc_id -> when its Source node was (re)loaded: a reload deletes the document's chunks with their

@@ -24,13 +24,13 @@ from lexgraph.faults import KEYWORD_INDEX, crash_point
 from lexgraph.ids import content_hash
 from lexgraph.storage.extract_store import ExtractStore
 from lexgraph.storage.graph_store import SIMILAR_SCHEMA
-from lexgraph.build.lexical_diff import rewrite_is_cheaper
-from lexgraph.build.knn import (DEFAULT_K, EDGE_KINDS, EDGE_SCHEMA, LEXICAL, SEMANTIC, AnnIndex, AnnIndexError,
+from lexgraph.indexing.lexical_diff import rewrite_is_cheaper
+from lexgraph.indexing.knn import (DEFAULT_K, EDGE_KINDS, EDGE_SCHEMA, LEXICAL, SEMANTIC, AnnIndex, AnnIndexError,
                                 EdgeRows, KnnUpdate, SavedLists, WordMatrix, append_in_order, edge_changes,
                                 edge_rows_of, lexical_knn, lists_from_frame, position_map, semantic_knn, word_matrix)
-from lexgraph.build.pagerank import pagerank_of_positions, positions_of
-from lexgraph.build.pipeline import ENTITIES, FACTS, KEYWORD_STATS, KEYWORDS, RELATIONS, STATEMENTS, TOPICS
-from lexgraph.build.skeleton import DEFAULT_BETA, SelectionDiff, frame_selection_diff, skeleton_mask, skeleton_size
+from lexgraph.indexing.pagerank import pagerank_of_positions, positions_of
+from lexgraph.indexing.pipeline import ENTITIES, FACTS, KEYWORD_STATS, KEYWORDS, RELATIONS, STATEMENTS, TOPICS
+from lexgraph.indexing.skeleton import DEFAULT_BETA, SelectionDiff, frame_selection_diff, skeleton_mask, skeleton_size
 
 # Exact neighbours up to this many chunks (incremental == rebuild); HNSW candidates beyond it.
 EXACT_KNN_LIMIT = 20_000

@@ -31,7 +31,7 @@ import numpy as np
 import polars as pl
 
 from lexgraph import progress as report
-from lexgraph.build.pipeline import (CHUNKS, ENTITIES, EXTRACTIONS, FACTS, RELATIONS, STATEMENTS, TOPICS,
+from lexgraph.indexing.pipeline import (CHUNKS, ENTITIES, EXTRACTIONS, FACTS, RELATIONS, STATEMENTS, TOPICS,
                                      StageResult)
 from lexgraph.extract.extraction_cache import ExtractionCache, key_for
 from lexgraph.extract.llm import CIRCUIT_OPEN
@@ -459,7 +459,7 @@ def flatten_extraction(row: dict, fact_id: Callable[[str, str, str], str],
 def flatten_documents(doc_ids: Iterable[str], store: ExtractStore, progress: Progress | None = None) -> StageResult:
     """Write each document's statements, topics, facts, entities and relations from its extractions.
     Figures per document: one count per table (`rows` is the statement count)."""
-    from lexgraph.build.resolution import fact_id
+    from lexgraph.indexing.resolution import fact_id
 
     result = StageResult()
     doc_ids = list(doc_ids)
@@ -551,7 +551,7 @@ def lexical_graph_frames(tables: dict[str, pl.DataFrame], senses: dict | None = 
     -> (nodes, edges, resolved entities, entity merges). senses: the names split by type
     (resolution.entity_senses), from the tables' entity rows when not given; a diff gives them from every
     document's rows, since a fact or mention here resolves by rows it does not hold."""
-    from lexgraph.build.resolution import (entity_ids_of_rows, entity_senses, resolve_entities, resolve_fact_rows,
+    from lexgraph.indexing.resolution import (entity_ids_of_rows, entity_senses, resolve_entities, resolve_fact_rows,
                                            resolve_relations)
 
     statements, topics, facts = tables[STATEMENTS], tables[TOPICS], tables[FACTS]
@@ -667,7 +667,7 @@ def write_statement_vectors(now: dict[str, str], before: dict[str, str], stateme
     """Rows of documents in `before` but not `now` are deleted; documents whose signature differs are rewritten
     from statements_of(doc_id) (vector rows), embedding only statements not embedded before.
     -> (statements embedded, tokens, one ledger row per document embedded)."""
-    from lexgraph.build.pipeline import ledger_rows
+    from lexgraph.indexing.pipeline import ledger_rows
     from lexgraph.storage.vector_store import _quote
 
     vectors.delete_rows(STATEMENT_VECTORS, "doc_id", [d for d in before if d not in now])
@@ -765,7 +765,7 @@ def build_lexical_graph(doc_ids: Sequence[str], store: ExtractStore, graph, vect
     documents are read and only the differences written ("diff"), and everything is rebuilt when that state is
     missing, unreadable, not known to match the stores, or a count disagrees afterwards ("rebuild"). Without it,
     every run rebuilds. A document whose lexical table is damaged is named in `damaged` and keeps what it had."""
-    from lexgraph.build import lexical_diff
+    from lexgraph.indexing import lexical_diff
 
     result = LexicalGraphResult()
     report.start("lexical graph", 1, "build")

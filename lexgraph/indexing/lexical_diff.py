@@ -33,7 +33,7 @@ from pathlib import Path
 import polars as pl
 
 from lexgraph.atomic_json import write_json
-from lexgraph.build.pipeline import ENTITIES, FACTS, RELATIONS, STATEMENTS
+from lexgraph.indexing.pipeline import ENTITIES, FACTS, RELATIONS, STATEMENTS
 from lexgraph.ids import content_hash
 
 STATE_FORMAT = 2  # 2: resolution by type; frames saved by format 1 merged a person and a place, so rebuild once
@@ -61,7 +61,7 @@ def rewrite_is_cheaper(changed: int, total: int) -> bool:
 
 def lexical_signature(store, doc_id: str) -> str | None:
     """One hash of the size and modification time of a document's lexical tables; None when one is missing."""
-    from lexgraph.build.lexical import LEXICAL_STAGES
+    from lexgraph.indexing.lexical import LEXICAL_STAGES
 
     parts = []
     for stage in LEXICAL_STAGES:
@@ -79,7 +79,7 @@ def lexical_signature(store, doc_id: str) -> str | None:
 def keyed_rows(tables: dict[str, pl.DataFrame]) -> dict[str, pl.DataFrame]:
     """Entity, fact and relation rows with the key resolution groups them by: an entity's normalised name, a
     fact's key, a relation's unordered pair of entity ids (null where resolution drops the row)."""
-    from lexgraph.build.resolution import entity_id_of_key, fact_key, normalise_entity_name
+    from lexgraph.indexing.resolution import entity_id_of_key, fact_key, normalise_entity_name
 
     entities, facts, relations = tables[ENTITIES], tables[FACTS], tables[RELATIONS]
     names = set(entities["entity_name"].drop_nulls().to_list())
@@ -260,13 +260,13 @@ def save_state(root: Path | None, state: LexicalState) -> str:
 
 
 def empty_tables() -> dict[str, pl.DataFrame]:
-    from lexgraph.build.lexical import COLUMNS, LEXICAL_STAGES, _frame
+    from lexgraph.indexing.lexical import COLUMNS, LEXICAL_STAGES, _frame
 
     return {stage: _frame(stage, []) for stage in LEXICAL_STAGES if stage in COLUMNS}
 
 
 def concat_tables(parts: list[dict[str, pl.DataFrame]]) -> dict[str, pl.DataFrame]:
-    from lexgraph.build.lexical import COLUMNS
+    from lexgraph.indexing.lexical import COLUMNS
 
     tables = empty_tables()
     for stage in tables:
@@ -308,7 +308,7 @@ def splice_frames(old: dict, touched: dict, entity_ids: set, fact_ids: set, pair
 
 def read_documents(store, doc_ids: list[str]) -> tuple[dict[str, dict[str, pl.DataFrame]], dict[str, str]]:
     """Each document's lexical tables; a damaged or vanished file is named (doc_id -> "path: problem") instead."""
-    from lexgraph.build.lexical import LEXICAL_STAGES
+    from lexgraph.indexing.lexical import LEXICAL_STAGES
     from lexgraph.errors import FileProblem
 
     read, damaged = {}, {}
@@ -337,7 +337,7 @@ def _counts(graph, tables) -> dict[str, int]:
 def rebuild_lexical_graph(doc_ids: list[str], store, graph, vectors, embedder, result, run_id: str,
                           state_dir: Path | None) -> None:
     """Every table emptied and written again from every document's Parquet tables; the state saved afresh."""
-    from lexgraph.build import lexical
+    from lexgraph.indexing import lexical
 
     result.mode = "rebuild"
     signatures = {d: lexical_signature(store, d) for d in doc_ids}  # before reading: a later write is not missed
@@ -370,8 +370,8 @@ def rebuild_lexical_graph(doc_ids: list[str], store, graph, vectors, embedder, r
 
 
 def _finish(result, frames: dict, statement_signatures: dict[str, str]) -> None:
-    from lexgraph.build import lexical
-    from lexgraph.build.resolution import KEPT_APART
+    from lexgraph.indexing import lexical
+    from lexgraph.indexing.resolution import KEPT_APART
 
     merges = frames["merges"]
     result.merges_frame = merges
@@ -421,7 +421,7 @@ def resplit_documents(state: LexicalState, new_rows: dict[str, pl.DataFrame], re
     the name by type, joins it again, or hands the name's own id to the other family. A split made or undone moves
     only the rows typed away from the family that keeps the id (and the rest of their chunks); a family that takes
     over the id moves every row of the name."""
-    from lexgraph.build.resolution import entity_id_of_key, entity_senses, family_of
+    from lexgraph.indexing.resolution import entity_id_of_key, entity_senses, family_of
 
     old = state.rows[ENTITIES]
     keys = set(old.filter(_within("doc_id", rewrite))[KEY].drop_nulls()) | set(new_rows[ENTITIES][KEY].drop_nulls())
@@ -450,7 +450,7 @@ def resplit_documents(state: LexicalState, new_rows: dict[str, pl.DataFrame], re
 def _senses(rows: dict[str, pl.DataFrame], relations: pl.DataFrame, entity_keys: set, fact_keys: set) -> dict:
     """The splits by type of the touched entity keys and of every name the touched facts and relations name:
     each from all documents' entity rows of that name (a fact resolves by rows other documents hold)."""
-    from lexgraph.build.resolution import entity_senses, normalise_entity_name
+    from lexgraph.indexing.resolution import entity_senses, normalise_entity_name
 
     named = set(relations["source"].drop_nulls()) | set(relations["target"].drop_nulls())
     keys = set(entity_keys) | {normalise_entity_name(name) for name in named}
@@ -463,7 +463,7 @@ def _senses(rows: dict[str, pl.DataFrame], relations: pl.DataFrame, entity_keys:
 def _variants(entity_keys: set, fact_keys: set, pairs: set) -> tuple[set, set, set]:
     """Every entity id, fact id and id pair the touched keys can have resolved to, before or now (a split
     gives a family an id of its own): what the splice replaces."""
-    from lexgraph.build.resolution import entity_id_of_key, entity_id_variants, fact_id_of_key, fact_id_variants
+    from lexgraph.indexing.resolution import entity_id_of_key, entity_id_variants, fact_id_of_key, fact_id_variants
 
     entity_ids = {v for key in entity_keys for v in entity_id_variants(entity_id_of_key(key))}
     fact_ids = {v for key in fact_keys for v in fact_id_variants(fact_id_of_key(key))}
@@ -479,7 +479,7 @@ def resolve_touched(state: LexicalState, new_rows: dict[str, pl.DataFrame],
     """Every document's rows with the rewritten documents' replaced, and the global frames with the keys those
     documents' old and new rows touch resolved again (from all their rows). -> (rows, frames, the splits by
     type that resolution used, for the rewritten documents' own share)."""
-    from lexgraph.build import lexical
+    from lexgraph.indexing import lexical
 
     leaving = {t: state.rows[t].filter(_within("doc_id", rewrite)) for t in ROW_TABLES}
     rows = {t: pl.concat([state.rows[t].filter(~_within("doc_id", rewrite)), new_rows[t].select(state.rows[t].columns)],
@@ -497,7 +497,7 @@ def diff_lexical_graph(state: LexicalState, doc_ids: list[str], store, graph, ve
                        run_id: str, state_dir: Path | None) -> str:
     """Read the changed documents, resolve the keys they touch, write the differences. -> "" when done, else
     why the stores cannot be trusted (the caller rebuilds)."""
-    from lexgraph.build import lexical
+    from lexgraph.indexing import lexical
 
     result.mode = "diff"
     docs = classify_documents(state, doc_ids, store, graph, result)
@@ -569,7 +569,7 @@ def _update_statement_vectors(state: LexicalState, docs: DocumentChanges, statem
                               store, vectors, embedder, result, run_id: str) -> dict[str, str]:
     """The saved signatures stand for the stored rows when the untouched documents' rows add up (a purge has
     already deleted a removed document's rows); else the whole table is scanned. -> doc_id -> signature."""
-    from lexgraph.build import lexical
+    from lexgraph.indexing import lexical
     from lexgraph.storage.vector_store import _in_list
 
     untouched = state.documents.filter(~_within("doc_id", docs.rewrite))
@@ -599,7 +599,7 @@ def _update_statement_vectors(state: LexicalState, docs: DocumentChanges, statem
 def _update_entity_vectors(state: LexicalState, entity_diff: tuple, entities: pl.DataFrame, vectors, embedder, result,
                            run_id: str) -> None:
     """Only the entities whose row changed are written; the whole table when its rows do not add up."""
-    from lexgraph.build import lexical
+    from lexgraph.indexing import lexical
 
     gone, new, updated = entity_diff
     written = None

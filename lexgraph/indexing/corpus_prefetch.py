@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from lexgraph.build import corpus_index as ci
+from lexgraph.indexing import corpus_index as ci
 
 Signature = tuple[tuple[str, int, int, int], ...]
 # Documents whose vectors are read by name beside a read ahead; more than this, and all are read again.
