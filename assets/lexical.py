@@ -118,7 +118,7 @@ def chunk_extractions(context: dg.AssetExecutionContext, index: IndexResource,
             llm.close()
     _report_failures(context, "chunk_extractions", result)
     extractor = llm or offline
-    breaker = getattr(llm, "breaker", None)  # the LLM client's circuit breaker (lexgraph.extract.llm)
+    breaker = getattr(llm, "breaker", None)  # the LLM client's circuit breaker (lexgraph.extract.llm_client)
     breaker_state = {"llm_circuit_breaker": dg.MetadataValue.json(breaker.snapshot())} if breaker else {}
     if breaker is not None and breaker.opens:
         context.log.warning(f"LLM circuit breaker opened {breaker.opens} time(s) (last: {breaker.last_failure}): "

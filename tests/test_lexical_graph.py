@@ -13,7 +13,7 @@ import pytest
 from lexgraph.indexing import lexical
 from lexgraph.indexing.corpus_index import CorpusFiles, read_selection_diff
 from lexgraph.extract.extraction_cache import ExtractionCache
-from lexgraph.extract.llm import OpenAIExtractor
+from lexgraph.extract.llm_extractor import OpenAIExtractor
 from lexgraph.extract.pii import PiiMaskingError, mask_pii
 from lexgraph.ledger import CostLedger
 from lexgraph.settings import Settings

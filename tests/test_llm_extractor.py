@@ -13,13 +13,8 @@ from pathlib import Path
 import pytest
 
 from lexgraph.extract.extraction_cache import CacheWarning, ExtractionCache, key_for
-from lexgraph.extract.llm import (
-    SYSTEM_PROMPT,
-    LLMConfig,
-    LLMConfigError,
-    OpenAIExtractor,
-    compute_prompt_version,
-)
+from lexgraph.extract.llm_config import LLMConfig, LLMConfigError
+from lexgraph.extract.llm_extractor import SYSTEM_PROMPT, OpenAIExtractor, compute_prompt_version
 from lexgraph.extract.pii import PiiMaskingError, mask_pii
 from lexgraph.extract.schemas import (
     ChunkExtraction,

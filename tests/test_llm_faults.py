@@ -33,7 +33,8 @@ import pytest
 from lexgraph.indexing import lexical, pipeline
 from lexgraph.indexing.corpus_index import CorpusFiles
 from lexgraph.extract.extraction_cache import ExtractionCache
-from lexgraph.extract.llm import CIRCUIT_OPEN, LLMConfig, LLMConfigError, LLMFailure, StructuredLLM
+from lexgraph.extract.llm_client import CIRCUIT_OPEN, LLMFailure, StructuredLLM
+from lexgraph.extract.llm_config import LLMConfig, LLMConfigError
 from lexgraph.extract.schemas import extraction_model
 from lexgraph.ledger import CostLedger
 from lexgraph.settings import Settings

@@ -14,7 +14,8 @@ import pytest
 
 from lexgraph.indexing.lexical import EXTRACTION_STAGE
 from lexgraph.indexing.pipeline import CHUNKS, EXTRACTIONS
-from lexgraph.extract.llm import LLMConfig, OpenAIExtractor
+from lexgraph.extract.llm_config import LLMConfig
+from lexgraph.extract.llm_extractor import OpenAIExtractor
 from lexgraph.extract.schemas import ChunkInput, clean_text, name_key
 from lexgraph.ledger import CostLedger
 from lexgraph.settings import Settings

@@ -34,7 +34,7 @@ from lexgraph import progress as report
 from lexgraph.indexing.pipeline import (CHUNKS, ENTITIES, EXTRACTIONS, FACTS, RELATIONS, STATEMENTS, TOPICS,
                                      StageResult)
 from lexgraph.extract.extraction_cache import ExtractionCache, key_for
-from lexgraph.extract.llm import CIRCUIT_OPEN
+from lexgraph.extract.llm_client import CIRCUIT_OPEN
 from lexgraph.extract.schemas import ChunkExtraction, ChunkInput, ExtractionOutcome, Extractor
 from lexgraph.faults import EXTRACTION as EXTRACTION_CRASH_POINT, LEXICAL_GRAPH as LEXICAL_CRASH_POINT, crash_point
 from lexgraph.ids import content_hash, short_hash
@@ -806,7 +806,7 @@ def pii_masker(settings) -> Callable | None:
 def llm_config(settings):
     """The LLM client configuration: endpoint, model, key and entity types from the settings; timeouts and
     retries from LexGraph's LLM variables (LEXGRAPH_LLM_TIMEOUT, ...) when set."""
-    from lexgraph.extract.llm import LLMConfig
+    from lexgraph.extract.llm_config import LLMConfig
 
     return LLMConfig.from_env(base_url=settings.llm_base_url or None, model=settings.llm_model,
                               api_key=settings.llm_api_key or None, entity_types=tuple(settings.entity_types))
@@ -816,7 +816,7 @@ def llm_extractor(settings) -> Extractor | None:
     """The `openai` extractor when an endpoint is configured (settings.extractor), else None (offline only)."""
     if settings.extractor != "openai":
         return None
-    from lexgraph.extract.llm import OpenAIExtractor
+    from lexgraph.extract.llm_extractor import OpenAIExtractor
 
     return OpenAIExtractor(llm_config(settings), masker=pii_masker(settings))
 
@@ -824,7 +824,7 @@ def llm_extractor(settings) -> Extractor | None:
 def llm_prompt_version(settings) -> str:
     """The prompt version the `openai` extractor would have under these settings, computed without a client
     (equal to OpenAIExtractor(...).prompt_version): for code versions."""
-    from lexgraph.extract.llm import SYSTEM_PROMPT, USER_TEMPLATE, compute_prompt_version
+    from lexgraph.extract.llm_extractor import SYSTEM_PROMPT, USER_TEMPLATE, compute_prompt_version
     from lexgraph.extract.schemas import extraction_model
 
     model = extraction_model(tuple(settings.entity_types))

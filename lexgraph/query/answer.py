@@ -257,7 +257,7 @@ class LLMAnswerer:
         self.model = llm.model
 
     def answer(self, question: str, context: Context) -> Answer:
-        from lexgraph.extract.llm import LLMFailure
+        from lexgraph.extract.llm_client import LLMFailure
 
         if not context.items:
             return abstention("no evidence was retrieved", self.name)

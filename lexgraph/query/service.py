@@ -238,7 +238,7 @@ class QueryService:
 
     def _llm_client(self):
         from lexgraph.indexing.lexical import llm_config
-        from lexgraph.extract.llm import StructuredLLM
+        from lexgraph.extract.llm_client import StructuredLLM
 
         if self._use_llm is False or self.settings.extractor != "openai":
             return None
