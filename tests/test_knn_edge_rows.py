@@ -81,17 +81,6 @@ def test_pagerank_of_positions_is_pagerank_of_the_ids_they_stand_for():
         pagerank_of_positions(50, np.array([0, 50]), np.array([1, 2]))
 
 
-def test_the_edges_bench_prints_both_forms_and_finds_the_same_neighbours(tmp_path, capsys):
-    from benchmarks.bench_knn_edges import main
-
-    _saved(tmp_path / "index")
-    assert main([str(tmp_path / "index"), "--repeats", "1"]) == 0
-    printed = capsys.readouterr().out
-    assert "120 chunks" in printed and "neighbour matrices equal: True" in printed
-    assert "PageRank: read the edges and solve: by chunk id" in printed
-    assert main([str(tmp_path / "nothing")]) == 2
-
-
 def test_pagerank_refuses_edges_of_other_chunks_and_edges_of_two_lists_do_not_join(tmp_path):
     files, result = _saved(tmp_path)
     chunks = pl.read_parquet(files.knn_corpus, columns=["chunk_id", "doc_id"])
@@ -132,23 +121,3 @@ def test_the_edges_touching_some_chunks_are_those_of_the_named_frame(tmp_path):
     assert sorted_edges(result.edge_rows.touching(picked).frame()).equals(sorted_edges(expected))
     assert result.edge_rows.touching(["no-such-chunk"]).height == 0
     assert result.edge_rows.touching([]).height == 0
-
-
-def test_the_add_parts_bench_times_each_part_both_ways_on_an_index(tiny_corpus, home, instance, capsys,
-                                                                    monkeypatch):
-    from benchmarks.bench_add_parts import keyword_link_count, main
-    from lexgraph.storage.graph_store import GraphStore
-    from lexgraph.settings import Settings
-    from orchestration.runner import ingest_folder
-
-    ingest_folder(tiny_corpus, instance, home=str(home), progress=False)
-    main([str(Settings.from_env(home=home).index_dir), "--repeats", "1"])
-    printed = capsys.readouterr().out.splitlines()
-    assert len(printed) == 3 and all(" s -> " in line for line in printed)
-    assert printed[0].startswith("restored edges of ") and printed[1].startswith("KEYWORD_IN count (")
-    assert "statements" in printed[2]
-    with pytest.raises(SystemExit, match="no whole KNN save"):
-        main([str(home / "nothing")])
-    monkeypatch.setattr(GraphStore, "count", lambda self, table: -1)  # the two ways must count the same
-    with pytest.raises(SystemExit, match="the two counts disagree"):
-        keyword_link_count(Settings.from_env(home=home).index_dir, 1)

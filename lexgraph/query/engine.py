@@ -43,7 +43,7 @@ class QueryParams:
     # chat names its speaker: LiHua-World 0.48) traversal reaches everything and the graph channels add no
     # selective evidence, so the hybrid ranking leads; on a selective one (Wikipedia, MuSiQue 0.07) statements
     # lead. No fixed weighting matched hybrid on LiHua and statement on MuSiQue (best worst-case ratio 0.958,
-    # benchmarks/tune_routes.py); the ends were measured on both dev sets together (docs/BENCHMARKS.md).
+    # docs/decisions/graph-route.md); the ends were measured on both dev sets together.
     graph_channels_hub: tuple[tuple[str, float], ...] = (("hybrid", 1.0),)
     graph_channels_selective: tuple[tuple[str, float], ...] = (("statement", 2.0), ("entity", 0.5), ("path", 0.5),
                                                                ("hybrid", 0.5))
