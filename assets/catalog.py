@@ -13,7 +13,7 @@ Groups (Dagster group names are identifiers):
                   their own in Dagster: each shows on its asset's Checks tab.
 
 Column schemas: each table is described once, from the engine's own schema object (polars dtypes of
-lexgraph.indexing.pipeline / lexical / knn / resolution, the Arrow schemas of the LanceDB tables, the Kùzu DDL).
+lexgraph.indexing.pipeline / lexical_tables / knn / resolution, the Arrow schemas of the LanceDB tables, the Kùzu DDL).
 Three frames are built by the engine without a declared schema (a document's source row, the PageRank
 scores, the skeleton selection); they are declared here, and tests/test_asset_catalog.py checks every
 declared schema, these included, against the tables a real ingestion writes.
@@ -28,7 +28,7 @@ import dagster as dg
 import polars as pl
 import pyarrow as pa
 
-from lexgraph.indexing import lexical, pipeline
+from lexgraph.indexing import lexical_tables, pipeline
 from lexgraph.indexing.corpus_index import KNN_STATE_SCHEMA, SAVED_EDGE_SCHEMA, CorpusFiles
 from lexgraph.indexing.resolution import MERGE_SCHEMA
 from lexgraph.extract.keywords import OCCURRENCE_SCHEMA, empty_keyword_index
@@ -162,12 +162,12 @@ TABLES: dict[str, list[Table]] = {
     "document_graph": [_lance(vector_store.SOURCES, vector_store.SOURCE_SCHEMA), _kuzu("Source"), _kuzu("Chunk")],
     "document_keywords": [_extract(pipeline.KEYWORDS, OCCURRENCE_SCHEMA),
                           _extract(pipeline.KEYWORD_STATS, empty_keyword_index(1).schema)],
-    "chunk_extractions": [_extract(pipeline.EXTRACTIONS, lexical.EXTRACTION_COLUMNS)],
-    "document_statements": [_extract(pipeline.STATEMENTS, lexical.STATEMENT_COLUMNS)],
-    "document_topics": [_extract(pipeline.TOPICS, lexical.TOPIC_COLUMNS)],
-    "document_facts": [_extract(pipeline.FACTS, lexical.FACT_COLUMNS)],
-    "document_entities": [_extract(pipeline.ENTITIES, lexical.ENTITY_COLUMNS),
-                          _extract(pipeline.RELATIONS, lexical.RELATION_COLUMNS)],
+    "chunk_extractions": [_extract(pipeline.EXTRACTIONS, lexical_tables.EXTRACTION_COLUMNS)],
+    "document_statements": [_extract(pipeline.STATEMENTS, lexical_tables.STATEMENT_COLUMNS)],
+    "document_topics": [_extract(pipeline.TOPICS, lexical_tables.TOPIC_COLUMNS)],
+    "document_facts": [_extract(pipeline.FACTS, lexical_tables.FACT_COLUMNS)],
+    "document_entities": [_extract(pipeline.ENTITIES, lexical_tables.ENTITY_COLUMNS),
+                          _extract(pipeline.RELATIONS, lexical_tables.RELATION_COLUMNS)],
     "chunk_knn_graph": [_corpus("edges", SAVED_EDGE_SCHEMA), _corpus("knn_state", KNN_STATE_SCHEMA)],
     "chunk_pagerank": [_corpus("pagerank", PAGERANK_SCHEMA)],
     "skeleton_selection": [_corpus("skeleton", SKELETON_SCHEMA),

@@ -20,9 +20,9 @@ import polars as pl
 from dagster._core.definitions.external_asset import create_external_asset_from_source_asset
 
 from assets.catalog import PER_DOCUMENT, owners, spec_kwargs
+from assets.partitions import GRAPH_WRITER_POOL, batched, documents, step_partition_keys
 from lexgraph.indexing import pipeline
 from lexgraph.ids import content_hash, file_hash
-from orchestration.partitions import GRAPH_WRITER_POOL, batched, documents, step_partition_keys
 from resources import EmbedderResource, IndexResource, InboxResource, KuzuResource, LanceDBResource
 
 GROUP = PER_DOCUMENT

@@ -18,11 +18,11 @@ import polars as pl
 from assets.catalog import CORPUS, EXTRACTION, spec_kwargs, with_catalog
 from assets.documents import (_report_failures, _status, batch_metadata, describe_partitions, document_chunks,
                               document_graph, stored_hashes, with_output)
+from assets.partitions import GRAPH_WRITER_POOL, batched, documents, step_partition_keys
 from assets.skeleton import _corpus_version, skeleton_selection
 from lexgraph.indexing import lexical, pipeline
 from lexgraph.indexing.corpus_index import LEXICAL_GRAPH, catalog_digest
 from lexgraph.ids import content_hash
-from orchestration.partitions import GRAPH_WRITER_POOL, batched, documents, step_partition_keys
 from resources import EmbedderResource, ExtractorResource, IndexResource, KuzuResource, LanceDBResource
 
 GROUP = CORPUS

@@ -5,10 +5,10 @@ import dagster as dg
 
 from assets.catalog import CORPUS, spec_kwargs
 from assets.lexical import lexical_graph
+from assets.partitions import GRAPH_WRITER_POOL
 from assets.search_indexes import search_indexes
 from assets.skeleton import keyword_index
 from lexgraph.storage import lance_maintenance
-from orchestration.partitions import GRAPH_WRITER_POOL
 from resources import LanceDBResource
 
 

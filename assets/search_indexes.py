@@ -5,10 +5,10 @@ The engine side is lexgraph.storage.lance_indexes; this asset only decides when 
 import dagster as dg
 
 from assets.catalog import CORPUS, spec_kwargs
+from assets.partitions import GRAPH_WRITER_POOL
 from assets.skeleton import keyword_index, skeleton_selection
 from lexgraph.indexing import corpus_index as ci
 from lexgraph.storage import lance_indexes
-from orchestration.partitions import GRAPH_WRITER_POOL
 from resources import IndexResource, LanceDBResource
 
 

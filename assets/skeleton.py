@@ -12,12 +12,12 @@ import polars as pl
 from assets.catalog import CORPUS, PER_DOCUMENT, spec_kwargs
 from assets.documents import (batch_metadata, data_version, describe_partitions, document_chunks, document_graph,
                               stored_hashes, with_output)
+from assets.partitions import GRAPH_WRITER_POOL, batched, documents, step_partition_keys
 from lexgraph.indexing import corpus_index as ci
 from lexgraph.indexing import corpus_prefetch, pipeline
 from lexgraph.indexing.skeleton import skeleton_size
 from lexgraph.extract.keywords import chunk_keyword_pairs_query
 from lexgraph.ids import content_hash
-from orchestration.partitions import GRAPH_WRITER_POOL, batched, documents, step_partition_keys
 from resources import EmbedderResource, IndexResource, KuzuResource, LanceDBResource
 
 GROUP = CORPUS

@@ -50,7 +50,8 @@ from lexgraph.evaluation.answers import EngineSearcher, build_engine
 from lexgraph.evaluation.bench import run_questions, single_threaded_torch, summarise
 from lexgraph.evaluation.corpus import prepare_corpus
 from lexgraph.inbox import iter_corpus_files
-from lexgraph.query.retrieval import Hit, RetrievalParams, Retriever, load_index
+from lexgraph.query.retrieval import Retriever, load_index
+from lexgraph.query.retrieval_types import Hit, RetrievalParams
 from lexgraph.settings import Settings
 from lexgraph.storage.extract_store import ExtractStore
 from orchestration.runner import IngestReport, ReextractReport, ingest_folder, reextract_index

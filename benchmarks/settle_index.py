@@ -89,7 +89,7 @@ def lexical_state(settings: Settings, files: ci.CorpusFiles, vectors: VectorStor
 
 
 def verified_extracts(settings: Settings, vectors: VectorStore) -> str:
-    from orchestration.runner import INDEXED_STAGES
+    from lexgraph.indexing.repair import INDEXED_STAGES
 
     problems = verify_extracts(ExtractStore(settings.extract_dir), vectors.indexed_hashes(), INDEXED_STAGES)
     return f"record written, {len(problems)} document(s) with a problem"

@@ -183,7 +183,8 @@ def cmd_reextract(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from lexgraph.index import EmptyIndexError, LexIndex
+    from lexgraph.index import LexIndex
+    from lexgraph.query.retrieval import EmptyIndexError
 
     if not args.text.strip():
         print("error: the query is empty; give the text to search for", file=sys.stderr)
@@ -219,7 +220,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     """One question: the answer and its numbered citations, or with --json exactly the answer JSON."""
     import json
 
-    from lexgraph.index import EmptyIndexError
+    from lexgraph.query.retrieval import EmptyIndexError
     from lexgraph.query.service import QueryError, QueryService
 
     try:
@@ -371,7 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--methods", help=f"comma-separated subset of {','.join((*METHODS, *ENGINE_METHODS))} "
                        "(default: all)")
     bench.add_argument("--param", action="append", metavar="NAME=VALUE",
-                       help="override a retrieval knob (lexgraph.query.retrieval.RetrievalParams), e.g. decompose=false")
+                       help="override a retrieval knob (lexgraph.query.retrieval_types.RetrievalParams), e.g. decompose=false")
     bench.add_argument("--quiet", action="store_true", help="no progress output")
     bench.set_defaults(func=cmd_bench)
     return parser

@@ -13,10 +13,6 @@ from lexgraph.storage.graph_store import GraphStore
 from lexgraph.storage.vector_store import VectorStore
 
 
-class EmptyIndexError(LookupError):
-    """Nothing is indexed under these settings yet."""
-
-
 class LexIndex:
     def __init__(self, settings: Settings):
         self.settings = settings
@@ -77,16 +73,11 @@ class LexIndex:
             graph.close()
 
     def index_loader(self):
-        """How queries read this index: (load function, True when it queries LanceDB's search indexes), as the
-        query backend setting chooses for this many chunks, so that every command decides the same way.
-        EmptyIndexError when there is nothing to query."""
-        from lexgraph.query.retrieval import load_index, load_lance_index
+        """How queries read this index (retrieval.index_loader): (load function, True when it queries LanceDB's
+        search indexes); retrieval.EmptyIndexError when there is nothing to query."""
+        from lexgraph.query.retrieval import index_loader
 
-        chunks = self.vectors.count("chunks")
-        if chunks == 0:
-            raise EmptyIndexError(f"the index {self.settings.index_dir} is empty")
-        lance = self.settings.uses_lance(chunks)
-        return (load_lance_index if lance else load_index), lance
+        return index_loader(self.settings, self.vectors)
 
     def retriever(self, params=None):
         """A retriever over this index: loaded into memory, or querying LanceDB's search indexes."""

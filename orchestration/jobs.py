@@ -7,10 +7,10 @@ import polars as pl
 from assets.documents import document_assets, inbox, stored_hashes
 from assets.lexical import document_lexical_assets, lexical_assets
 from assets.maintenance import lance_compaction
+from assets.partitions import GRAPH_WRITER_POOL
 from assets.search_indexes import search_indexes
 from assets.skeleton import corpus_assets, document_keywords
 from lexgraph.indexing import pipeline
-from orchestration.partitions import GRAPH_WRITER_POOL
 from resources import IndexResource, InboxResource, KuzuResource, LanceDBResource
 
 # Every asset with one partition per document: a purged document leaves an event in each one's history.

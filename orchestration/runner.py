@@ -19,16 +19,17 @@ import dagster as dg
 import polars as pl
 from tqdm import tqdm
 
+from assets.partitions import documents
 from lexgraph import progress as stage_progress
-from lexgraph.indexing import corpus_prefetch, pipeline
+from lexgraph.indexing import corpus_prefetch
 from lexgraph.indexing.corpus_index import LEXICAL_GRAPH, CorpusFiles, solo_steps
 from lexgraph.extract.embedder import reusing_recent_vectors
 from lexgraph.inbox import FileState, plan_reconcile, scan_folder
+from lexgraph.indexing.repair import drop_damaged_documents
 from lexgraph.settings import Settings
-from lexgraph.storage.extract_store import ExtractStore, verify_extracts
+from lexgraph.storage.extract_store import ExtractStore
 from lexgraph.storage.graph_store import GraphStore
-from lexgraph.storage.vector_store import VectorStore
-from orchestration.partitions import documents
+from orchestration.definitions import build_definitions
 from orchestration.reconcile import RANGE_END, RANGE_START, reconcile
 
 # Tags on every run this runner executes: which process on which machine runs it, so a later call can
@@ -36,8 +37,6 @@ from orchestration.reconcile import RANGE_END, RANGE_START, reconcile
 PID_TAG, HOST_TAG, PROCESS_START_TAG = "lexgraph/pid", "lexgraph/host", "lexgraph/process_start"
 UNFINISHED = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
               dg.DagsterRunStatus.CANCELING]
-# Extract outputs every indexed document has; one missing is damage like a truncated file.
-INDEXED_STAGES = (pipeline.SOURCES, pipeline.CHUNKS, pipeline.VECTORS, pipeline.KEYWORDS, pipeline.KEYWORD_STATS)
 
 
 @dataclass
@@ -81,8 +80,6 @@ def ingest_folder(folder: str | Path, instance: dg.DagsterInstance, home: str | 
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: not a folder")
-    from orchestration.definitions import build_definitions  # here: the sensors may import this module
-
     settings = (settings or Settings.from_env(home=home)).with_(inbox=folder)
     defs = build_definitions(settings)
     report = IngestReport(abandoned_runs=fail_abandoned_runs(instance))
@@ -228,7 +225,6 @@ def reextract_index(instance: dg.DagsterInstance, settings: Settings,
     """Re-run extraction for every indexed document whose extractions no longer match the current extractors
     (a prompt, model, entity-type or rule change; failed LLM calls too), then rebuild the lexical graph: the
     deliberate backfill after such a change. Unchanged chunks are cache hits; only changed keys call the LLM."""
-    from orchestration.definitions import build_definitions
     from orchestration.reextraction import REASON_TAG, changed_extractions
 
     defs = build_definitions(settings)
@@ -294,25 +290,6 @@ def _joined(thread: threading.Thread | None):
     finally:
         if thread is not None:
             thread.join()
-
-
-def drop_damaged_documents(store: ExtractStore, vectors: VectorStore, files: dict[str, FileState],
-                           indexed: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-    """Indexed documents (`indexed`: the catalog as read from `vectors`) with a truncated, damaged or missing
-    extract file: those whose inbox file can be read are taken out of the catalog (and their damaged files
-    deleted) so reconcile re-ingests them; the others are returned as failures that name the file.
-    -> (repaired, damaged)."""
-    problems = verify_extracts(store, indexed, INDEXED_STAGES)
-    repaired = {d: p for d, p in problems.items() if d in files and not files[d].problem}
-    damaged = {d: f"{p}; the document cannot be re-ingested: " + (
-                   "its file is no longer in the inbox (`lexgraph ingest --prune` removes it from the index)"
-                   if d not in files else f"its file cannot be read now ({files[d].problem})")
-               for d, p in problems.items() if d not in repaired}
-    if repaired:
-        for doc_id in repaired:
-            store.remove_corrupt(doc_id)
-        vectors.forget_sources(list(repaired))
-    return repaired, damaged
 
 
 def _run_documents(request: dg.RunRequest, instance: dg.DagsterInstance) -> list[str]:

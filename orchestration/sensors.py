@@ -13,12 +13,12 @@ import dagster as dg
 from dagster._core.definitions.data_version import DATA_VERSION_TAG
 
 from assets.documents import inbox as inbox_asset
+from assets.partitions import documents
 from lexgraph.indexing.corpus_index import LEXICAL_GRAPH, SEARCH_INDEXES, catalog_digest, solo_steps, step_settings
 from lexgraph.ids import short_hash
 from lexgraph.inbox import FileState, ReconcilePlan, ScanCache, scan_folder, scan_inbox, states_from_json
+from lexgraph.indexing.repair import drop_damaged_documents
 from orchestration.jobs import build_corpus_index, extract_documents, ingest_documents, purge_documents
-from orchestration.partitions import documents
-from orchestration.runner import drop_damaged_documents
 from orchestration.reconcile import ReconcileRequests, reconcile
 from orchestration.reextraction import REASON_TAG, SELECTION_DIFF_TAG, extraction_requests, selection_reextraction
 from resources import IndexResource, InboxResource, LanceDBResource

@@ -9,7 +9,7 @@ from dagster._core.definitions.data_version import CachingStaleStatusResolver, S
 from dagster._core.loader import LoadingContextForTest
 
 from lexgraph.indexing import corpus_index as ci
-from lexgraph.indexing import lexical
+from lexgraph.indexing import lexical, lexical_tables
 from lexgraph.indexing import pipeline
 from lexgraph.settings import Settings
 from lexgraph.storage.graph_store import GraphStore
@@ -243,7 +243,7 @@ def test_corpus_checks_fail_on_bad_output(tmp_path, home, instance, monkeypatch)
     monkeypatch.setattr(ci, "select", select_all)
     monkeypatch.setattr(ci, "keyword_chunk_links", lambda store, doc_ids: pl.DataFrame(
         schema={"keyword": pl.String, "chunk_id": pl.String, "sentence_count": pl.Int32}))
-    graph_frames = lexical.lexical_graph_frames
+    graph_frames = lexical_tables.lexical_graph_frames
 
     def unmentioned_entity(tables):  # an Entity node that no chunk mentions
         nodes, edges, entities, merges = graph_frames(tables)
@@ -251,7 +251,7 @@ def test_corpus_checks_fail_on_bad_output(tmp_path, home, instance, monkeypatch)
         nodes["Entity"] = pl.concat([nodes["Entity"], extra])
         return nodes, edges, entities, merges
 
-    monkeypatch.setattr(lexical, "lexical_graph_frames", unmentioned_entity)
+    monkeypatch.setattr(lexical_tables, "lexical_graph_frames", unmentioned_entity)
     defs = build_definitions(Settings.from_env(home=home, inbox=folder))
     result = defs.resolve_job_def("build_corpus_index").execute_in_process(instance=instance)
     assert result.success

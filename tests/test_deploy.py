@@ -15,8 +15,8 @@ from dagster._core.instance.config import dagster_instance_config
 from dagster._serdes.config_class import class_from_code_pointer
 from dagster_k8s import K8sRunLauncher, k8s_job_executor
 
+from assets.partitions import GRAPH_WRITER_POOL
 from lexgraph.settings import Settings
-from orchestration.partitions import GRAPH_WRITER_POOL
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 import pytest
 
 from lexgraph.evaluation import metrics as ev
+from lexgraph.ids import normalise_evidence_id
 
 
 @dataclass
@@ -33,7 +34,7 @@ def test_normalise_answer_drops_case_punctuation_articles_and_spaces():
     ("Time: 20260930_16:00", "20260930_1600"),  # a label left in one LiHua-World id
 ])
 def test_evidence_ids_and_file_paths_meet(raw, key):
-    assert ev.normalise_evidence_id(raw) == key
+    assert normalise_evidence_id(raw) == key
 
 
 def test_split_evidence_handles_and_joined_lists_and_none():

@@ -15,7 +15,7 @@ from lexgraph.indexing.pipeline import CHUNKS, SOURCES, chunk_frame, load_source
 from lexgraph.extract.readers import DocumentError, probe_problem, read_document
 from lexgraph.extract.source_texts import SOURCE_TEXTS, page_of, source_span, source_text
 from lexgraph.ids import content_hash, document_id
-from lexgraph.query.retrieval import Hit
+from lexgraph.query.retrieval_types import Hit
 from lexgraph.settings import Settings
 from lexgraph.storage.extract_store import ExtractStore
 from lexgraph.storage.graph_store import GraphStore

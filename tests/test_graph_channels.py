@@ -10,10 +10,10 @@ import shutil
 import numpy as np
 import pytest
 
-from lexgraph.evaluation.metrics import document_key
 from lexgraph.index import LexIndex
 from lexgraph.query import graph_channels as gc
-from lexgraph.query.retrieval import METHODS, RetrievalParams, Retriever, load_index
+from lexgraph.query.retrieval import METHODS, Retriever, load_index
+from lexgraph.query.retrieval_types import RetrievalParams
 from lexgraph.settings import Settings
 from orchestration.cli import main
 from tests.conftest import ROOT

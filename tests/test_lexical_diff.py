@@ -10,7 +10,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from lexgraph.indexing import lexical
+from lexgraph.indexing import lexical, lexical_tables
 from lexgraph.indexing.corpus_index import CorpusFiles
 from lexgraph.indexing.pipeline import (STATEMENTS, chunk_documents, embed_documents, load_graph, load_sources,
                                      purge_documents)
@@ -59,7 +59,7 @@ class Index:
         with GraphStore.writer(self.settings.graph_path) as graph:
             purge_documents([document_id(name)], self.store, graph, self.vectors)
 
-    def build(self) -> lexical.LexicalGraphResult:
+    def build(self) -> lexical_tables.LexicalGraphResult:
         with GraphStore.writer(self.settings.graph_path) as graph:
             return lexical.build_lexical_graph(sorted(self.vectors.indexed_hashes()), self.store, graph, self.vectors,
                                                self.embedder, state_dir=self.state)
@@ -347,7 +347,7 @@ def put_scripted(index: Index, name: str, lines: list[str]) -> str:
     return doc_id
 
 
-def same_as_scratch(index: Index, tmp_path: Path, result: lexical.LexicalGraphResult) -> dict:
+def same_as_scratch(index: Index, tmp_path: Path, result: lexical_tables.LexicalGraphResult) -> dict:
     """assert_same against a build from nothing, and the same entity merges and digest; -> the snapshot."""
     snap = index.snapshot()
     assert_same(snap, from_scratch(index, tmp_path))

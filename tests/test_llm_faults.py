@@ -30,7 +30,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from lexgraph.indexing import lexical, pipeline
+from lexgraph.indexing import lexical, lexical_tables, pipeline
 from lexgraph.indexing.corpus_index import CorpusFiles
 from lexgraph.extract.extraction_cache import ExtractionCache
 from lexgraph.extract.llm_client import CIRCUIT_OPEN, LLMFailure, StructuredLLM
@@ -466,7 +466,7 @@ def lexical_snapshot(home: Path) -> dict:
         graph.close()
     assert distinct == counts["Statement"], "a statement is in the graph twice"
     return {"tables": {stage: lexical.lexical_hashes(store, stage, docs)
-                       for stage in (pipeline.EXTRACTIONS, *lexical.LEXICAL_STAGES)}, "graph": counts}
+                       for stage in (pipeline.EXTRACTIONS, *lexical_tables.LEXICAL_STAGES)}, "graph": counts}
 
 
 def cached_chunks(home: Path) -> list[str]:

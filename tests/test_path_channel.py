@@ -13,7 +13,8 @@ import pytest
 
 from lexgraph.index import LexIndex
 from lexgraph.query import path_channel as pc
-from lexgraph.query.retrieval import METHODS, RetrievalParams, Retriever, load_index
+from lexgraph.query.retrieval import METHODS, Retriever, load_index
+from lexgraph.query.retrieval_types import RetrievalParams
 from lexgraph.settings import Settings
 from tests.conftest import ROOT
 

@@ -25,8 +25,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from assets.partitions import GRAPH_WRITER_POOL
 from lexgraph.ids import document_id
-from orchestration.partitions import GRAPH_WRITER_POOL
 
 pytestmark = pytest.mark.postgres
 

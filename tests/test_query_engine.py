@@ -62,7 +62,7 @@ def test_thin_semantic_evidence_is_retried_on_the_graph_route_then_abstains(serv
 
 
 def test_no_evidence_abstains():
-    from lexgraph.query.retrieval import BM25
+    from lexgraph.query.bm25 import BM25
 
     result = ExtractiveAnswerer(BM25(["a chunk of text"])).answer("anything", Context([], 100, 0, {}))
     assert result.abstained and "no evidence" in result.reason and result.citations == []
@@ -275,7 +275,7 @@ def _bridges(node_chunks: list[list[int]], n_chunks: int):
     """A statement graph with one statement per chunk and the given bridging nodes (lists of chunk rows)."""
     import scipy.sparse as sp
 
-    from lexgraph.query.graph_channels import StatementGraph
+    from lexgraph.query.retrieval_types import StatementGraph
 
     rows = [(chunk, node) for node, chunks in enumerate(node_chunks) for chunk in chunks]
     links = sp.csr_matrix((np.ones(len(rows)), ([r for r, _ in rows], [n for _, n in rows])),
@@ -343,7 +343,7 @@ def test_a_semantic_choice_is_taken_on_the_graph_route_when_the_graph_is_selecti
 
 
 def test_the_agentic_route_weighs_the_whole_question_above_its_steps(service, monkeypatch):
-    from lexgraph.query.retrieval import reciprocal_rank_fusion
+    from lexgraph.query.fusion import reciprocal_rank_fusion
 
     engine = service.engine()
     size = engine.retriever.index.size
@@ -367,7 +367,7 @@ def test_the_agentic_route_weighs_the_whole_question_above_its_steps(service, mo
 
 
 def test_a_start_up_load_that_fails_is_said_and_the_first_question_reports_it(tmp_path, capfd):
-    from lexgraph.index import EmptyIndexError
+    from lexgraph.query.retrieval import EmptyIndexError
 
     service = QueryService(Settings.from_env(home=tmp_path / "empty"))
     service.warm().join(timeout=60)

@@ -319,7 +319,7 @@ def test_batched_hybrid_equals_one_retrieval_per_clause(pair):
 @pytest.mark.parametrize("fusion", ["score", "rrf"])
 def test_fusion_on_hits_equals_fusion_on_arrays(fusion):
     from lexgraph.query.lance_backend import fuse
-    from lexgraph.query.retrieval import reciprocal_rank_fusion, score_fusion, spread
+    from lexgraph.query.fusion import reciprocal_rank_fusion, score_fusion, spread
 
     rng = np.random.default_rng(3)
     size, depth = 500, 30

@@ -6,7 +6,7 @@ import pytest
 from lexgraph.query.answer import ExtractiveAnswerer
 from lexgraph.query.answer_types import answer_type
 from lexgraph.query.context import Context, Evidence
-from lexgraph.query.retrieval import BM25
+from lexgraph.query.bm25 import BM25
 
 TEXTS = [
     "Kestrel Propulsion is an engine maker. Its chief executive is Annika Vogt, who took office in "

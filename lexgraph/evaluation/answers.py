@@ -12,7 +12,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from lexgraph.evaluation import metrics as ev
-from lexgraph.query.retrieval import Hit, Retriever
+from lexgraph.ids import document_key
+from lexgraph.query.retrieval import Retriever
+from lexgraph.query.retrieval_types import Hit
 
 ENGINE_METHODS = ("auto", "answer")
 
@@ -49,7 +51,7 @@ class EngineSearcher:
 
 
 def answer_figures(question: ev.Question, answer) -> dict:
-    cited = [ev.document_key(c.source) for c in answer.citations]
+    cited = [document_key(c.source) for c in answer.citations]
     evidence = set(question.evidence)
     texts = [answer.text, *[c.text for c in answer.citations]]
     return {"abstained": answer.abstained, "confidence": round(answer.confidence, 4),

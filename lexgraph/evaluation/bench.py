@@ -28,7 +28,9 @@ from lexgraph.evaluation import metrics as ev
 from lexgraph.evaluation.answers import ENGINE_METHODS, EngineSearcher, answer_figures, build_engine, summarise_answers
 from lexgraph.evaluation.corpus import BenchError, PreparedCorpus, prepare_corpus
 from lexgraph.evaluation.report import answers_table, recall_svg, report_markdown, summary_table
-from lexgraph.query.retrieval import DEFAULT_TOP_N, METHODS, Hit, RetrievalParams, Retriever, load_index
+from lexgraph.ids import document_key
+from lexgraph.query.retrieval import DEFAULT_TOP_N, METHODS, Retriever, load_index
+from lexgraph.query.retrieval_types import Hit, RetrievalParams
 from lexgraph.settings import Settings
 
 
@@ -314,7 +316,7 @@ def evaluate_index(settings: Settings, questions_path: str | Path, budget: int =
     started = time.perf_counter()
     with single_threaded_torch():
         results = run_questions(EngineSearcher(retriever, engine), questions, methods, ks, budget, progress)
-    doc_keys = {ev.document_key(p) for p in index.chunks["source_path"].unique().to_list()}
+    doc_keys = {document_key(p) for p in index.chunks["source_path"].unique().to_list()}
     missing = unmatched_evidence(questions, doc_keys)
     data = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -16,23 +16,20 @@ import re
 import string
 import unicodedata
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Iterable, Protocol, Sequence
 
 import numpy as np
 
 from lexgraph.errors import FileProblem
+from lexgraph.ids import normalise_evidence_id
 
 NULL_ANSWER = "insufficient information"
 EVIDENCE_SEPARATOR = "<and>"
 # Evidence values that mean "no evidence" (LiHua-World writes N/A for its Null questions).
 _NO_EVIDENCE = {"", "n/a", "na", "none", "null", "-"}
-# File endings dropped from evidence ids and file names alike, so "a.md", "A" and "a" agree.
-_TEXT_SUFFIXES = {".txt", ".text", ".md", ".markdown", ".html", ".htm"}
 # Some LiHua-World records carry their field name inside the value ("Answer: Yes").
 _LABEL = re.compile(r"^\s*(question|answer)\s*:\s*", re.IGNORECASE)
-# ...and one evidence id its chat header ("Time: 20260930_16:00"): a leading "word: " label goes.
-_EVIDENCE_LABEL = re.compile(r"^[A-Za-z]+:\s+(?=\S)")
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 QUESTION_TYPES = ("Single", "Multi", "Null")
 
@@ -46,7 +43,7 @@ class Question:
     qid: str
     question: str
     answer: str
-    evidence: tuple[str, ...]  # normalised document keys (see normalise_evidence_id)
+    evidence: tuple[str, ...]  # normalised document keys (see lexgraph.ids.normalise_evidence_id)
     qtype: str  # Single | Multi | Null | Other
     aliases: tuple[str, ...] = ()  # other accepted forms of the answer (MuSiQue's answer_aliases)
 
@@ -70,26 +67,6 @@ def normalise_answer(text: str) -> str:
 
 def _is_punctuation(character: str) -> bool:
     return character in string.punctuation or unicodedata.category(character).startswith("P")
-
-
-def normalise_evidence_id(value: str) -> str:
-    """A document key comparable between evidence ids and file paths.
-
-    A leading "label: " dropped ("Time: 20260930_16:00"), then the last path component, a
-    text-file extension dropped, ':' dropped (LiHua-World's evidence "20260121_10:00" names the
-    file 20260121_1000.txt), case folded, whitespace collapsed.
-    """
-    name = PurePosixPath(_EVIDENCE_LABEL.sub("", str(value).strip()).replace("\\", "/")).name
-    suffix = PurePosixPath(name).suffix
-    if suffix.lower() in _TEXT_SUFFIXES:
-        name = name[: -len(suffix)]
-    name = unicodedata.normalize("NFC", name).replace(":", "").casefold()
-    return " ".join(name.split())
-
-
-def document_key(relative_path: str) -> str:
-    """The key of an indexed file, by which evidence ids find it."""
-    return normalise_evidence_id(relative_path)
 
 
 def split_evidence(value: object) -> tuple[str, ...]:

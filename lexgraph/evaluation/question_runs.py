@@ -12,7 +12,8 @@ from typing import Sequence
 from lexgraph.evaluation import metrics as ev
 from lexgraph.evaluation.bench import single_threaded_torch, top_n_for
 from lexgraph.evaluation.generalize import K, QuestionRun, gold_in
-from lexgraph.query.retrieval import RetrievalParams, Retriever, load_index
+from lexgraph.query.retrieval import Retriever, load_index
+from lexgraph.query.retrieval_types import RetrievalParams
 from lexgraph.settings import Settings
 
 

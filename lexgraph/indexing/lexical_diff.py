@@ -33,8 +33,10 @@ from pathlib import Path
 import polars as pl
 
 from lexgraph.atomic_json import write_json
-from lexgraph.indexing.pipeline import ENTITIES, FACTS, RELATIONS, STATEMENTS
 from lexgraph.ids import content_hash
+from lexgraph.indexing import lexical_tables
+from lexgraph.indexing.lexical_tables import COLUMNS, LEXICAL_STAGES, stage_frame
+from lexgraph.indexing.pipeline import ENTITIES, FACTS, RELATIONS, STATEMENTS
 
 STATE_FORMAT = 2  # 2: resolution by type; frames saved by format 1 merged a person and a place, so rebuild once
 STATE_FILE = "state.json"
@@ -61,8 +63,6 @@ def rewrite_is_cheaper(changed: int, total: int) -> bool:
 
 def lexical_signature(store, doc_id: str) -> str | None:
     """One hash of the size and modification time of a document's lexical tables; None when one is missing."""
-    from lexgraph.indexing.lexical import LEXICAL_STAGES
-
     parts = []
     for stage in LEXICAL_STAGES:
         try:
@@ -260,14 +260,10 @@ def save_state(root: Path | None, state: LexicalState) -> str:
 
 
 def empty_tables() -> dict[str, pl.DataFrame]:
-    from lexgraph.indexing.lexical import COLUMNS, LEXICAL_STAGES, _frame
-
-    return {stage: _frame(stage, []) for stage in LEXICAL_STAGES if stage in COLUMNS}
+    return {stage: stage_frame(stage, []) for stage in LEXICAL_STAGES if stage in COLUMNS}
 
 
 def concat_tables(parts: list[dict[str, pl.DataFrame]]) -> dict[str, pl.DataFrame]:
-    from lexgraph.indexing.lexical import COLUMNS
-
     tables = empty_tables()
     for stage in tables:
         frames = [p[stage] for p in parts if p[stage].height]
@@ -308,7 +304,6 @@ def splice_frames(old: dict, touched: dict, entity_ids: set, fact_ids: set, pair
 
 def read_documents(store, doc_ids: list[str]) -> tuple[dict[str, dict[str, pl.DataFrame]], dict[str, str]]:
     """Each document's lexical tables; a damaged or vanished file is named (doc_id -> "path: problem") instead."""
-    from lexgraph.indexing.lexical import LEXICAL_STAGES
     from lexgraph.errors import FileProblem
 
     read, damaged = {}, {}
@@ -337,8 +332,6 @@ def _counts(graph, tables) -> dict[str, int]:
 def rebuild_lexical_graph(doc_ids: list[str], store, graph, vectors, embedder, result, run_id: str,
                           state_dir: Path | None) -> None:
     """Every table emptied and written again from every document's Parquet tables; the state saved afresh."""
-    from lexgraph.indexing import lexical
-
     result.mode = "rebuild"
     signatures = {d: lexical_signature(store, d) for d in doc_ids}  # before reading: a later write is not missed
     result.missing = [d for d in doc_ids if signatures[d] is None]
@@ -346,7 +339,7 @@ def rebuild_lexical_graph(doc_ids: list[str], store, graph, vectors, embedder, r
     result.documents = result.documents_read = list(per_doc)
     tables = concat_tables(list(per_doc.values()))
     del per_doc
-    nodes, edges, _, merges = lexical.lexical_graph_frames(tables)
+    nodes, edges, _, merges = lexical_tables.lexical_graph_frames(tables)
     frames = global_frames(nodes, edges, merges)
     loaded = graph.source_versions()
     doc_edges = anchored_documents(nodes, edges, graph.chunks_of(None), set(loaded), frames)
@@ -355,10 +348,10 @@ def rebuild_lexical_graph(doc_ids: list[str], store, graph, vectors, embedder, r
                                         **anchored_global(frames)})
     result.counts = _counts(graph, (*nodes, *edges))
     result.written = {table: {"added": n} for table, n in result.counts.items()}
-    result.embedded["statements"], tokens, rows, statement_signatures = lexical.update_statement_vectors(
+    result.embedded["statements"], tokens, rows, statement_signatures = lexical_tables.update_statement_vectors(
         tables[STATEMENTS], vectors, embedder, run_id)
     result.statement_vectors = "scanned"
-    result.embedded["entities"], entity_tokens, entity_rows = lexical.replace_entity_vectors(
+    result.embedded["entities"], entity_tokens, entity_rows = lexical_tables.replace_entity_vectors(
         nodes["Entity"], vectors, embedder, run_id)
     result.entity_vectors = "replaced"
     result.embedding_tokens += tokens + entity_tokens
@@ -370,14 +363,13 @@ def rebuild_lexical_graph(doc_ids: list[str], store, graph, vectors, embedder, r
 
 
 def _finish(result, frames: dict, statement_signatures: dict[str, str]) -> None:
-    from lexgraph.indexing import lexical
     from lexgraph.indexing.resolution import KEPT_APART
 
     merges = frames["merges"]
     result.merges_frame = merges
     result.merges = merges.filter(~pl.col("reason").str.starts_with(KEPT_APART)).height  # a split folds nothing
     result.merged_surface_forms = int(merges["mention_count"].sum() or 0)
-    result.digest = lexical.lexical_digest(statement_signatures, frames)
+    result.digest = lexical_tables.lexical_digest(statement_signatures, frames)
 
 
 @dataclass
@@ -479,8 +471,6 @@ def resolve_touched(state: LexicalState, new_rows: dict[str, pl.DataFrame],
     """Every document's rows with the rewritten documents' replaced, and the global frames with the keys those
     documents' old and new rows touch resolved again (from all their rows). -> (rows, frames, the splits by
     type that resolution used, for the rewritten documents' own share)."""
-    from lexgraph.indexing import lexical
-
     leaving = {t: state.rows[t].filter(_within("doc_id", rewrite)) for t in ROW_TABLES}
     rows = {t: pl.concat([state.rows[t].filter(~_within("doc_id", rewrite)), new_rows[t].select(state.rows[t].columns)],
                          how="vertical_relaxed") for t in ROW_TABLES}
@@ -488,7 +478,7 @@ def resolve_touched(state: LexicalState, new_rows: dict[str, pl.DataFrame],
     entity_keys, fact_keys, pairs = keys(ENTITIES, KEY), keys(FACTS, KEY), keys(RELATIONS, PAIR)
     tables = touched_tables(rows, entity_keys, fact_keys, pairs)
     senses = _senses(rows, tables[RELATIONS], entity_keys, fact_keys)
-    nodes, edges, _, merges = lexical.lexical_graph_frames(tables, senses=senses)
+    nodes, edges, _, merges = lexical_tables.lexical_graph_frames(tables, senses=senses)
     frames = splice_frames(state.frames, global_frames(nodes, edges, merges), *_variants(entity_keys, fact_keys, pairs))
     return rows, frames, senses
 
@@ -497,8 +487,6 @@ def diff_lexical_graph(state: LexicalState, doc_ids: list[str], store, graph, ve
                        run_id: str, state_dir: Path | None) -> str:
     """Read the changed documents, resolve the keys they touch, write the differences. -> "" when done, else
     why the stores cannot be trusted (the caller rebuilds)."""
-    from lexgraph.indexing import lexical
-
     result.mode = "diff"
     docs = classify_documents(state, doc_ids, store, graph, result)
     if rewrite_is_cheaper(len(docs.rewrite), state.documents.height):
@@ -519,7 +507,7 @@ def diff_lexical_graph(state: LexicalState, doc_ids: list[str], store, graph, ve
         new_rows = keyed_rows(new_tables)
     rows, frames, senses = resolve_touched(state, new_rows, docs.rewrite)
     # the read documents' own share, and what changed among facts, entities and their edges
-    d_nodes, d_edges, _, _ = lexical.lexical_graph_frames(new_tables, senses=senses)
+    d_nodes, d_edges, _, _ = lexical_tables.lexical_graph_frames(new_tables, senses=senses)
     d_anchored = anchored_documents(d_nodes, d_edges, graph.chunks_of(sorted(docs.read)), set(docs.loaded), frames)
     node_diff = {t: frame_diff(state.frames[t], frames[t], ["id"]) for t in GLOBAL_NODES}
     old_edges, new_edges = anchored_global(state.frames), anchored_global(frames)
@@ -531,8 +519,8 @@ def diff_lexical_graph(state: LexicalState, doc_ids: list[str], store, graph, ve
     except RuntimeError as error:  # an edge to a node the graph does not hold: it is not what the state says
         return f"the diff could not be written ({str(error).splitlines()[0][:200]})"
     counts = document_counts(sorted(docs.read), d_nodes, d_anchored)
-    statement_rows = {d: lexical.statement_vector_rows(docs.read[d][STATEMENTS]) for d in docs.read}
-    fresh = {d: sig for d in docs.read if (sig := lexical._signatures(statement_rows[d]).get(d))}
+    statement_rows = {d: lexical_tables.statement_vector_rows(docs.read[d][STATEMENTS]) for d in docs.read}
+    fresh = {d: sig for d in docs.read if (sig := lexical_tables.statement_signatures(statement_rows[d]).get(d))}
     documents = pl.concat([state.documents.filter(~_within("doc_id", docs.rewrite)),
                            _documents(counts, docs.current, docs.loaded, fresh).select(state.documents.columns)],
                           how="vertical_relaxed").sort("doc_id")
@@ -569,27 +557,26 @@ def _update_statement_vectors(state: LexicalState, docs: DocumentChanges, statem
                               store, vectors, embedder, result, run_id: str) -> dict[str, str]:
     """The saved signatures stand for the stored rows when the untouched documents' rows add up (a purge has
     already deleted a removed document's rows); else the whole table is scanned. -> doc_id -> signature."""
-    from lexgraph.indexing import lexical
     from lexgraph.storage.vector_store import _in_list
 
     untouched = state.documents.filter(~_within("doc_id", docs.rewrite))
     now = {**{d: s for d, s in zip(untouched["doc_id"], untouched["statement_signature"]) if s}, **fresh}
-    touched_rows = vectors.count(lexical.STATEMENT_VECTORS, _in_list("doc_id", docs.rewrite)) if docs.rewrite else 0
-    if vectors.count(lexical.STATEMENT_VECTORS) - touched_rows == int(untouched["Statement"].sum()):
+    touched_rows = vectors.count(lexical_tables.STATEMENT_VECTORS, _in_list("doc_id", docs.rewrite)) if docs.rewrite else 0
+    if vectors.count(lexical_tables.STATEMENT_VECTORS) - touched_rows == int(untouched["Statement"].sum()):
         result.statement_vectors = "saved signatures"
         before = {d: s for d, s in zip(state.documents["doc_id"], state.documents["statement_signature"]) if s}
         before.update({d: "-" for d in docs.rewrite})  # rewritten: their rows are replaced
     else:
         result.statement_vectors = "scanned (the stored rows did not add up to the saved counts)"
-        before = lexical.stored_statement_signatures(vectors)
+        before = lexical_tables.stored_statement_signatures(vectors)
     before.update({d: now[d] for d in docs.kept if d in now})  # a damaged document's rows stay as they are
 
     def statements_of(doc_id: str) -> pl.DataFrame:
         if doc_id in statement_rows:
             return statement_rows[doc_id]
-        return lexical.statement_vector_rows(store.read(STATEMENTS, doc_id))
+        return lexical_tables.statement_vector_rows(store.read(STATEMENTS, doc_id))
 
-    result.embedded["statements"], tokens, rows = lexical.write_statement_vectors(now, before, statements_of, vectors,
+    result.embedded["statements"], tokens, rows = lexical_tables.write_statement_vectors(now, before, statements_of, vectors,
                                                                                   embedder, run_id)
     result.embedding_tokens += tokens
     result.ledger_rows += rows
@@ -599,16 +586,14 @@ def _update_statement_vectors(state: LexicalState, docs: DocumentChanges, statem
 def _update_entity_vectors(state: LexicalState, entity_diff: tuple, entities: pl.DataFrame, vectors, embedder, result,
                            run_id: str) -> None:
     """Only the entities whose row changed are written; the whole table when its rows do not add up."""
-    from lexgraph.indexing import lexical
-
     gone, new, updated = entity_diff
     written = None
-    if vectors.count(lexical.ENTITY_VECTORS) == state.frames["Entity"].height:
-        written = lexical.upsert_entity_vectors(pl.concat([new, updated]), gone["id"].to_list(), entities.height,
+    if vectors.count(lexical_tables.ENTITY_VECTORS) == state.frames["Entity"].height:
+        written = lexical_tables.upsert_entity_vectors(pl.concat([new, updated]), gone["id"].to_list(), entities.height,
                                                 vectors, embedder, run_id)
     result.entity_vectors = "upserted" if written is not None else "replaced (the stored rows did not add up)"
     if written is None:
-        written = lexical.replace_entity_vectors(entities, vectors, embedder, run_id)
+        written = lexical_tables.replace_entity_vectors(entities, vectors, embedder, run_id)
     result.embedded["entities"] = written[0]
     result.embedding_tokens += written[1]
     result.ledger_rows += written[2]

@@ -25,7 +25,7 @@ import numpy as np
 
 from lexgraph.extract.keywords import split_sentences
 from lexgraph.query.context import Context, Evidence
-from lexgraph.query.retrieval import BM25, tokenize
+from lexgraph.query.bm25 import BM25, tokenize
 
 # The reader's abstention thresholds: a sentence (or yes/no) answer below DEFAULT_ABSTAIN_BELOW, a span of
 # the asked type below DEFAULT_SPAN_BELOW. Chosen by lexgraph.evaluation.generalize.calibrate on the four

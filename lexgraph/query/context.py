@@ -13,7 +13,8 @@ from typing import Mapping
 
 import numpy as np
 
-from lexgraph.query.retrieval import RetrievalIndex, ranks_of
+from lexgraph.query.fusion import ranks_of
+from lexgraph.query.retrieval_types import RetrievalIndex
 
 # A chunk counts its own tokens; a context never holds more than this many evidence items.
 MAX_ITEMS = 400

@@ -27,8 +27,9 @@ import numpy as np
 
 from lexgraph.query.answer import Answer, QuestionTerms, abstention, best_sentence
 from lexgraph.query.context import Context, build_context
+from lexgraph.query.fusion import ranks_of, reciprocal_rank_fusion
 from lexgraph.query.graph_channels import scores_of_statements, traverse_statements
-from lexgraph.query.retrieval import METHODS, Retriever, ranks_of, reciprocal_rank_fusion, sub_queries, with_params
+from lexgraph.query.retrieval import METHODS, Retriever, sub_queries, with_params
 from lexgraph.query.router import ROUTES, RouteDecision, Router
 
 ROUTE_CHOICES = ("auto", *ROUTES)

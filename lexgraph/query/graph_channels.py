@@ -48,7 +48,7 @@ import math
 import re
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 import polars as pl
@@ -56,11 +56,10 @@ import scipy.sparse as sp
 
 from lexgraph.indexing.resolution import entity_id, entity_ids_of_rows, normalise_entity_name
 from lexgraph.extract.keywords import STOPWORDS
+from lexgraph.query.retrieval_types import (EntityGraph, LexicalGraph, RetrievalIndex, RetrievalParams,
+                                            StatementGraph)
 from lexgraph.storage.extract_store import CorruptExtractError, ExtractStore
 from lexgraph.storage.vector_store import ENTITIES, STATEMENTS, VectorStore
-
-if TYPE_CHECKING:  # retrieval imports this module; only types are needed back
-    from lexgraph.query.retrieval import RetrievalIndex, RetrievalParams
 
 # Words of a query looked at for verbatim entity names: a hostile 100 kB query stays cheap.
 MAX_QUERY_WORDS = 512
@@ -69,53 +68,7 @@ _WORD = re.compile(r"\S+")
 
 
 # ---------------------------------------------------------------------------------------------
-# the in-memory lexical graph
-
-
-@dataclass
-class StatementGraph:
-    """Statements with their vectors, chunks and topics, and the fact/entity nodes they share."""
-
-    ids: list[str]
-    texts: list[str]
-    topics: list[str]
-    unit_vectors: np.ndarray  # statements × dimension, L2-normalised
-    chunk_rows: np.ndarray  # row of each statement's chunk in RetrievalIndex.chunks
-    topic: np.ndarray  # topic number of each statement
-    topic_members: sp.csr_matrix  # topics × statements
-    links: sp.csr_matrix  # statements × bridging nodes (facts and entities)
-    link_members: sp.csr_matrix  # bridging nodes × statements (links transposed)
-    link_ids: list[str]
-    link_idf: np.ndarray  # ln(1 + statements / statements holding the node), scaled to max 1
-    by_chunk: sp.csr_matrix  # chunks × statements
-
-    @property
-    def size(self) -> int:
-        return len(self.ids)
-
-
-@dataclass
-class EntityGraph:
-    """Resolved entities: vectors, verbatim-name keys, the chunks that mention them, their relations."""
-
-    ids: list[str]
-    names: list[str]
-    unit_vectors: np.ndarray  # entities × dimension
-    lookup: dict[str, int]  # compact name key (resolver key without spaces) -> entity
-    mentions: sp.csr_matrix  # entities × chunks, 1 where the entity is mentioned in the chunk
-    relations: sp.csr_matrix  # entities × entities, each row's relation strengths as shares of 1
-    idf: np.ndarray  # ln(chunks / chunks mentioning the entity) + 1
-
-    @property
-    def size(self) -> int:
-        return len(self.ids)
-
-
-@dataclass
-class LexicalGraph:
-    statements: StatementGraph | None
-    entities: EntityGraph | None
-    bridge_pair_share: float = 1.0  # see bridge_pair_share(); 1.0 (no selective bridges) without statements
+# the in-memory lexical graph (its dataclasses: retrieval_types)
 
 
 def bridge_pair_share(graph: StatementGraph | None, n_chunks: int) -> float:

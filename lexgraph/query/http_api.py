@@ -195,7 +195,7 @@ async def _reply(send, status: int, body: dict, headers: list | None = None) -> 
 def create_app(service, token: str | None = None, max_body: int = MAX_BODY_BYTES):
     """The FastAPI app over a QueryService (anything with ask / provenance / health). token: the
     bearer token every endpoint but /health requires; None requires none."""
-    from lexgraph.index import EmptyIndexError
+    from lexgraph.query.retrieval import EmptyIndexError
     from lexgraph.query.provenance_html import CSP, render_provenance_html
     from lexgraph.query.service import QueryError, UnknownQueryError
 

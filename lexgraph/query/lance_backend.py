@@ -35,6 +35,8 @@ import numpy as np
 import polars as pl
 
 from lexgraph.extract.keywords import sentence_keywords
+from lexgraph.query.bm25 import tokenize
+from lexgraph.query.fusion import rank_shares, score_shares
 from lexgraph.storage import lance_indexes as li
 from lexgraph.storage.vector_store import CHUNKS, KEYWORDS, VectorStore, _in_list
 
@@ -68,8 +70,6 @@ class TermStats:
     texts: document frequencies scaled to the whole table. Terms outside the sample count as rare."""
 
     def __init__(self, texts: list[str], k1: float, b: float, split_camel_case: bool):
-        from lexgraph.query.retrieval import tokenize
-
         self.k1, self.b, self.split_camel_case = k1, b, split_camel_case
         df = Counter(t for text in texts for t in set(tokenize(text, split_camel_case)))
         self.vocabulary = {term: i for i, term in enumerate(df)}
@@ -285,8 +285,6 @@ class LanceSearch:
         weighing decompose_weight together), on the hits only. embed_many: texts -> their vectors (the
         full-text queries, which need none, start before it); params: RetrievalParams. Returns the fused
         (rows, scores), best first."""
-        from lexgraph.query.retrieval import tokenize
-
         wanted = {name for name, weight in params.fusion_weights if weight}
         fts = [_POOL.submit(self.fts, t, tokenize(t, params.split_camel_case)) for t in texts] \
             if "bm25" in wanted else []
@@ -320,10 +318,8 @@ def top(rows: np.ndarray, scores: np.ndarray, depth: int) -> Hits:
 
 
 def fuse(rankings: list[tuple[np.ndarray, np.ndarray, float]], fusion: str, depth: int, rrf_k: float) -> Hits:
-    """retrieval.score_fusion or reciprocal_rank_fusion (then _expand's drop of non-positive scores) on
+    """fusion.score_fusion or reciprocal_rank_fusion (then Retriever._expand's drop of non-positive scores) on
     (rows, scores, weight) hits instead of arrays of N: the same fused scores, best first."""
-    from lexgraph.query.retrieval import rank_shares, score_shares
-
     parts_rows, parts_scores = [], []
     for rows, scores, weight in rankings:
         rows, scores = top(rows, scores, depth)

@@ -46,7 +46,6 @@ import re
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import scipy.sparse as sp
@@ -54,12 +53,10 @@ import scipy.sparse as sp
 from lexgraph.extract.schemas import DEFAULT_ENTITY_TYPES, FALLBACK_TYPE, normalise_entity_type
 from lexgraph.indexing.resolution import normalise_entity_name
 from lexgraph.extract.keywords import STOPWORDS
-from lexgraph.query.graph_channels import (MAX_NAME_WORDS, MAX_QUERY_WORDS, EntityGraph, compact_key, query_entities,
+from lexgraph.query.graph_channels import (MAX_NAME_WORDS, MAX_QUERY_WORDS, compact_key, query_entities,
                                           rerank_by_evidence)
+from lexgraph.query.retrieval_types import EntityGraph, RetrievalIndex, RetrievalParams
 from lexgraph.storage.vector_store import ENTITIES, VectorStore
-
-if TYPE_CHECKING:
-    from lexgraph.query.retrieval import RetrievalIndex, RetrievalParams
 
 # Only the start of a question is read for its question word and answer noun.
 _HEAD_CHARS = 400

@@ -18,7 +18,8 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from lexgraph.query.retrieval import sub_queries, tokenize
+from lexgraph.query.bm25 import tokenize
+from lexgraph.query.retrieval import sub_queries
 
 ROUTES = ("semantic", "graph", "agentic")
 SAMPLE = Path(__file__).resolve().parents[2] / "sample"

@@ -19,6 +19,8 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
+
 from lexgraph.atomic_json import write_json
 from lexgraph.indexing.corpus_index import catalog_digest
 from lexgraph.query.answer import Answer, ExtractiveAnswerer, LLMAnswerer
@@ -99,8 +101,6 @@ class QueryLog:
 
     def summary(self) -> dict:
         """Route mix, retry, abstention, uncertainty and review rates, and p50/p95 latency per route."""
-        from lexgraph.evaluation.metrics import percentile
-
         lines = self.lines()
         n = len(lines) or 1
         routes = sorted({l.get("route") for l in lines if l.get("route")})
@@ -111,9 +111,13 @@ class QueryLog:
                 "abstention_rate": round(sum(bool(l.get("abstained")) for l in lines) / n, 4),
                 "uncertain_rate": round(sum(bool(l.get("uncertain")) for l in lines) / n, 4),
                 "sent_to_review": sum(bool(l.get("review")) for l in lines),
-                "latency_ms": {route: {"p50": percentile(values, 50), "p95": percentile(values, 95)}
+                "latency_ms": {route: {"p50": _percentile(values, 50), "p95": _percentile(values, 95)}
                                for route, values in latency.items()},
                 "llm_calls": sum(l.get("cost", {}).get("llm_calls", 0) for l in lines)}
+
+
+def _percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=float), q))
 
 
 class QueryService:
@@ -201,16 +205,15 @@ class QueryService:
     def _load(self) -> QueryEngine:
         from concurrent.futures import ThreadPoolExecutor
 
-        from lexgraph.index import LexIndex
-        from lexgraph.query.retrieval import Retriever
+        from lexgraph.extract.embedder import Embedder
+        from lexgraph.query.retrieval import Retriever, index_loader
 
-        index = LexIndex(self.settings)
-        load, lance = index.index_loader()
+        load, lance = index_loader(self.settings)
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="lexgraph-load") as pool:
             # the model (and the router's exemplars, embedded by it) load beside the index: most of either is
-            # native code (onnxruntime, LanceDB) that runs outside the GIL. As LexIndex.retriever, which would
-            # load them one after the other.
-            embedder = pool.submit(index.embedder)
+            # native code (onnxruntime, LanceDB) that runs outside the GIL. As LexIndex.retriever (and with the
+            # model LexIndex.embedder gives), which would load them one after the other.
+            embedder = pool.submit(Embedder.shared, self.settings.embed_model, backend=self.settings.embed_backend)
             router = pool.submit(self._router_for, embedder)
             loaded = load(self.settings)
             if lance:

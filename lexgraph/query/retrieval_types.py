@@ -1,0 +1,188 @@
+"""What the retrieval channels, their fusion and the answer layer share: the knobs (RetrievalParams), the loaded
+index (RetrievalIndex, with its keyword graph and the lexical graph's statements and entities) and a scored
+chunk (Hit). The channels (graph_channels, path_channel, lance_backend) and the retriever that fuses them
+(retrieval) import this module; it imports none of them but for types."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import polars as pl
+import scipy.sparse as sp
+
+from lexgraph.ids import document_key
+from lexgraph.query.bm25 import BM25
+from lexgraph.settings import Settings
+
+if TYPE_CHECKING:
+    from lexgraph.query.lance_backend import LanceSearch
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One retrieved chunk, with what a citation needs: its document and character span."""
+
+    chunk_id: str
+    doc_id: str
+    score: float
+    text: str
+    char_start: int
+    char_end: int
+    token_count: int
+    source_path: str
+    rank: int = 0
+    heading_path: str = ""
+    page_start: int | None = None  # pages where the format has them (PDF pages, PPTX slides)
+    page_end: int | None = None
+
+    @property
+    def citation(self) -> str:
+        """``report.pdf p. 3 [chars 120–480]``: what a reader needs to find the passage."""
+        pages = ""
+        if self.page_start is not None:
+            pages = f" p. {self.page_start}" if self.page_end in (None, self.page_start) else \
+                f" pp. {self.page_start}–{self.page_end}"
+        return f"{self.source_path}{pages} [chars {self.char_start}–{self.char_end}]"
+
+    @property
+    def doc_key(self) -> str:
+        """The document as evidence ids name it (file name without extension)."""
+        return document_key(self.source_path)
+
+
+@dataclass(frozen=True)
+class RetrievalParams:
+    """Every knob of the channels. The defaults were tuned on LiHua-World's dev questions only
+    (docs/BENCH_RETRIEVAL.md has the figures of the alternatives tried)."""
+
+    bm25_k1: float = 1.2  # Okapi defaults: k1 0.9–2.0 × b 0.4–1.0 moved BM25 recall@5 by ≤ 0.016, no consistent way
+    bm25_b: float = 0.75
+    split_camel_case: bool = True  # +0.015 Single / +0.056 Multi recall@5 for the hybrid
+    keyword_top: int = 20  # keywords taken by query↔keyword-vector similarity
+    keyword_exact_weight: float = 1.0  # weight of a query keyword found verbatim in the vocabulary
+    keyword_evidence_weight: float = 0.5  # λ in cos(q, chunk) + λ·evidence/max(evidence)
+    fusion: str = "score"  # score (weighted sum of min-max-normalised channel scores) | rrf
+    rrf_k: float = 60.0
+    fusion_depth: int = 30  # ranks of each channel that enter the fusion
+    fusion_weights: tuple[tuple[str, float], ...] = (("dense", 0.5), ("bm25", 1.0), ("keyword", 0.5))
+    neighbour_weight: float = 0.0  # KNN expansion: share of a hit's score passed to its neighbours
+    pagerank_weight: float = 0.0  # prior added to fused scores, in units of the top fused score
+    decompose: bool = True  # also retrieve for the clauses of compound questions (sub_queries)
+    decompose_weight: float = 1.0  # the clauses together weigh as much as the whole question
+    # the lexical graph's channels (lexgraph.query.graph_channels), tuned on LiHua-World and MuSiQue dev together
+    entity_top: int = 20  # entities taken by query↔entity-vector similarity
+    entity_exact_weight: float = 1.0  # weight of an entity named verbatim in the query
+    entity_hop_weight: float = 0.3  # share of an entity's weight passed along its relations (one hop)
+    entity_neighbours: int = 20  # neighbouring entities added at most
+    entity_evidence_weight: float = 0.25  # λ in cos(q, chunk) + λ·evidence/max(evidence)
+    statement_top: int = 50  # seed statements by query↔statement-vector similarity
+    statement_hops: int = 2  # traversal hops from the seeds (topics in a source, facts/entities across sources)
+    statement_nodes: int = 100  # bridging nodes (topics, facts, entities) expanded at most, all hops together
+    statement_limit: int = 300  # statements scored at most, seeds included
+    statement_topic_weight: float = 0.5  # weight of a statement reached through its topic
+    statement_link_weight: float = 0.5  # weight of a statement reached through a shared fact or entity
+    statement_sum_weight: float = 0.1  # a chunk's score: best statement + this × the sum of its others
+    statement_dense_weight: float = 1.0  # + this × query–chunk cosine
+    # path channel (lexgraph.query.path_channel): entity paths toward the answer type, tuned on LiHua-World and
+    # MuSiQue dev together (recall@5 Single / Multi, coverage@12k): these 0.858 / 0.597, 0.720; path_hops=1
+    # 0.842 / 0.590, 0.740; hop decay 0.7, type bonus 0.5, self weight 0.5: 0.834 / 0.575, 0.704
+    path_start_top: int = 10  # start entities taken by query↔entity-vector similarity (plus verbatim names)
+    path_exact_weight: float = 1.0  # weight of a start entity named verbatim in the query
+    path_hops: int = 2  # hops along relations (1–2; at most 3 are ever expanded)
+    path_fanout: int = 20  # strongest relations followed from each node
+    path_beam: int = 50  # partial paths carried to the next hop
+    path_max_paths: int = 200  # paths kept in all (start entities' 0-hop paths included)
+    path_hop_decay: float = 0.3  # a 2-hop path's score × this
+    path_type_bonus: float = 1.0  # added to the end entity's relevance when its type fits the question word
+    path_bridge_bonus: float = 0.5  # × its start weight, when a path ends at another of the query's entities
+    path_self_weight: float = 2.0  # weight of the start entities themselves as 0-hop paths (0: off)
+    path_start_share: float = 0.5  # role weights of a path's entities in a chunk: end 1, start this,
+    path_mid_share: float = 0.5  # middle this
+    path_sum_weight: float = 0.1  # a chunk's evidence: best path + this × the sum of the others
+    path_evidence_weight: float = 0.25  # λ in cos(q, chunk) + λ·evidence/max(evidence)
+
+
+# ---------------------------------------------------------------------------------------------
+# the in-memory index
+
+
+@dataclass
+class KeywordGraph:
+    """KET-RAG's keyword side: unit keyword vectors and the keyword→chunk bipartite links."""
+
+    names: list[str]
+    position: dict[str, int]
+    unit_vectors: np.ndarray  # keywords × dimension, L2-normalised means of sentence embeddings
+    links: sp.csr_matrix  # keywords × chunks, 1 where the keyword occurs in the chunk
+    idf: np.ndarray  # ln(n_chunks / chunks holding the keyword): rare keywords say more
+
+
+@dataclass
+class RetrievalIndex:
+    chunks: pl.DataFrame  # retrieval.CHUNK_COLUMNS; row i is vectors[i]
+    vectors: np.ndarray
+    bm25: BM25  # a TermStats on the lance backend
+    keywords: KeywordGraph | None
+    neighbours: sp.csr_matrix | None  # chunk KNN graph (both kinds), row-normalised weights
+    pagerank: np.ndarray | None
+    settings: Settings | None = None
+    position: dict[str, int] = field(default_factory=dict)
+    graph: LexicalGraph | None = None  # statements and entities (None parts: no lexical graph)
+    # the lance backend (lexgraph.query.lance_backend): channels answered by LanceDB's indexes; then chunks
+    # is a ChunkRows (rows fetched by id), bm25 a sample's TermStats, and no vectors, keywords or graph are held
+    lance: LanceSearch | None = None
+
+    @property
+    def size(self) -> int:
+        return self.chunks.height
+
+
+# ---------------------------------------------------------------------------------------------
+# the in-memory lexical graph (loaded by graph_channels.load_lexical_graph)
+
+
+@dataclass
+class StatementGraph:
+    """Statements with their vectors, chunks and topics, and the fact/entity nodes they share."""
+
+    ids: list[str]
+    texts: list[str]
+    topics: list[str]
+    unit_vectors: np.ndarray  # statements × dimension, L2-normalised
+    chunk_rows: np.ndarray  # row of each statement's chunk in RetrievalIndex.chunks
+    topic: np.ndarray  # topic number of each statement
+    topic_members: sp.csr_matrix  # topics × statements
+    links: sp.csr_matrix  # statements × bridging nodes (facts and entities)
+    link_members: sp.csr_matrix  # bridging nodes × statements (links transposed)
+    link_ids: list[str]
+    link_idf: np.ndarray  # ln(1 + statements / statements holding the node), scaled to max 1
+    by_chunk: sp.csr_matrix  # chunks × statements
+
+    @property
+    def size(self) -> int:
+        return len(self.ids)
+
+
+@dataclass
+class EntityGraph:
+    """Resolved entities: vectors, verbatim-name keys, the chunks that mention them, their relations."""
+
+    ids: list[str]
+    names: list[str]
+    unit_vectors: np.ndarray  # entities × dimension
+    lookup: dict[str, int]  # compact name key (resolver key without spaces) -> entity
+    mentions: sp.csr_matrix  # entities × chunks, 1 where the entity is mentioned in the chunk
+    relations: sp.csr_matrix  # entities × entities, each row's relation strengths as shares of 1
+    idf: np.ndarray  # ln(chunks / chunks mentioning the entity) + 1
+
+    @property
+    def size(self) -> int:
+        return len(self.ids)
+
+
+@dataclass
+class LexicalGraph:
+    statements: StatementGraph | None
+    entities: EntityGraph | None
+    bridge_pair_share: float = 1.0  # see graph_channels.bridge_pair_share(); 1.0 (no selective bridges) without statements
