@@ -4,7 +4,6 @@ every retrieval method over the inbox's index and publish the side-by-side table
 Thin by design: lexgraph.evaluation.bench does the work; this file only finds the questions, the index and
 the embedding cost that Dagster itself recorded, and shapes the metadata.
 """
-import os
 from pathlib import Path
 
 import dagster as dg
@@ -15,14 +14,13 @@ from lexgraph.evaluation.report import recall_bars_markdown
 from resources import IndexResource, InboxResource
 
 GROUP = QUALITY
-DEFAULT_QUESTIONS = "sample/questions.json"
 # Per-document assets whose materializations record the embedding tokens they spent.
 EMBEDDING_ASSETS = ("chunk_vectors", "document_keywords")
 PAGE = 10_000  # the most event records Dagster returns at once
 
 
 class RetrievalBenchmarkConfig(dg.Config):
-    questions: str = ""  # empty: $LEXGRAPH_QUESTIONS, else sample/questions.json
+    questions: str = ""  # empty: the settings' ($LEXGRAPH_QUESTIONS, else sample/questions.json)
     budget: int = bench.DEFAULT_BUDGET
     ks: list[int] = list(bench.DEFAULT_KS)
     out_dir: str = ""  # empty: bench-report/ beside the index version
@@ -58,8 +56,8 @@ def _embedding_tokens(instance: dg.DagsterInstance) -> int:
 )
 def retrieval_benchmark(context: dg.AssetExecutionContext, config: RetrievalBenchmarkConfig,
                         index: IndexResource, inbox: InboxResource) -> dg.MaterializeResult:
-    questions = config.questions or os.environ.get("LEXGRAPH_QUESTIONS", DEFAULT_QUESTIONS)
     settings = index.settings()
+    questions = config.questions or str(settings.questions)
     tokens = _embedding_tokens(context.instance)  # 0 when this instance never ran the ingestion
     try:
         report = bench.evaluate_index(

@@ -184,7 +184,7 @@ def throughput(settings: Settings, repeats: int, embed_repeats: int, log: Log) -
     inputs = lexical.chunk_inputs(chunks)
     texts = chunks["text"].to_list()
     offline = lexical.offline_extractor(settings)
-    embedder = Embedder.shared(settings.embed_model)
+    embedder = Embedder.shared(settings.embed_model, backend=settings.embed_backend)
     embedder.embed(["warm up the model before timing"])
     offline.extract(inputs[0])
     times: dict[str, list[float]] = {"offline": [], "embedding": []}

@@ -13,6 +13,7 @@ import dagster as dg
 from benchmarks.common import median, peak_rss_mb, prepare_corpus
 from lexgraph.extract.embedder import Embedder
 from lexgraph.inbox import iter_corpus_files
+from lexgraph.settings import Settings
 from orchestration.runner import ingest_folder
 
 
@@ -39,7 +40,7 @@ def main() -> None:
             target = inbox / path.relative_to(source)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, target)
-    Embedder.shared().embed(["warm up the model before timing"])
+    Embedder.shared(backend=Settings.from_env().embed_backend).embed(["warm up the model before timing"])
     with dg.instance_for_test() as instance:
         full = timed_ingest(inbox, instance, home)
         print(f"full build of {len(files) - len(held_out)} documents: {full:.1f} s", flush=True)

@@ -51,7 +51,7 @@ def main() -> None:
     args = parser.parse_args()
     corpus = prepare_corpus(args.corpus)
     n_files = len(iter_corpus_files(corpus))
-    embedder = Embedder.shared()
+    embedder = Embedder.shared(backend=Settings.from_env().embed_backend)
     embedder.embed(["warm up the model before timing"])
     base_mb = peak_rss_mb()
     modes = ["direct", "dagster-memory", "dagster-sqlite"]

@@ -369,7 +369,7 @@ def hybrid_ratio(home: Path, asked: list[str], repeats: int = 3) -> dict:
     settings = Settings.from_env(home=home)
     version = index_dir(home).name
     settings = Settings.from_env(home=home) if settings.index_version == version else _pinned(home, version)
-    embedder = Embedder.shared(settings.embed_model)
+    embedder = Embedder.shared(settings.embed_model, backend=settings.embed_backend)
     cached = {q: embedder.embed_query(q) for q in asked}  # both backends get the same vectors, embedding excluded
     loads, retrievers = {}, {}
     for name, load in (("memory", load_index), ("lance", load_lance_index)):

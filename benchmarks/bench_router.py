@@ -21,6 +21,7 @@ from pathlib import Path
 from lexgraph.evaluation.metrics import load_questions
 from lexgraph.extract.embedder import Embedder
 from lexgraph.query.router import EXEMPLAR_FILES, SAMPLE, Exemplar, Router, load_exemplars
+from lexgraph.settings import Settings
 
 FOLDS = 5
 LIHUA_ROUTES = {"Single": "semantic", "Multi": "graph"}
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shared", default="../shared", help="folder holding datasets/lihua-world")
     args = parser.parse_args(argv)
-    embed = Embedder.shared().embed_queries
+    embed = Embedder.shared(backend=Settings.from_env().embed_backend).embed_queries
     lihua = lihua_labelled(Path(args.shared))
     agentic = load_exemplars([SAMPLE / "questions.agentic.json"])
     # every other shipped exemplar file (the sample corpus's semantic/graph questions, the chat-style ones)

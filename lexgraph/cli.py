@@ -289,10 +289,11 @@ def cmd_audit(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from lexgraph.query.http_api import ServeError, check_bind, resolve_token, serve
 
-    token = resolve_token(args.token)
+    settings = _settings(args)
+    token = resolve_token(args.token, settings)
     try:
-        check_bind(args.host, token)  # before the settings, the service or uvicorn are loaded
-        serve(_settings(args), args.host, args.port, token)
+        check_bind(args.host, token)  # before the service or uvicorn are loaded
+        serve(settings, args.host, args.port, token)
     except ServeError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

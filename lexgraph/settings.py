@@ -1,100 +1,171 @@
-"""The one configuration: every documented setting is read here, from the environment, and both
-the CLI and the Dagster resources are built from it, so no two commands disagree about the index."""
+"""The one configuration: every documented variable is read here, from the environment, into one Settings
+object. The CLI, `lexgraph serve` and the Dagster resources are built from it and hand it down (to the stores, the
+embedder, the extractors and the LLM client, the HTTP server), so no two commands disagree about the index and no
+other module reads a variable. The defaults are in lexgraph.defaults, below this module."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import Field, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Mapping
+from types import MappingProxyType
+from typing import Any, Callable, ClassVar, Mapping
 from urllib.parse import urlparse
 
-from lexgraph.indexing.knn import DEFAULT_K as DEFAULT_KNN_K
-from lexgraph.indexing.skeleton import DEFAULT_BETA
-from lexgraph.extract.embedder import DEFAULT_BACKEND, DEFAULT_MODEL, EMBED_BACKENDS, TORCH, model_input_limit
-from lexgraph.extract.schemas import DEFAULT_ENTITY_TYPES
+from lexgraph.defaults import (DEFAULT_BETA, DEFAULT_CHUNK_TOKENS, DEFAULT_EMBED_BACKEND, DEFAULT_EMBED_MODEL,
+                               DEFAULT_ENTITY_TYPES, DEFAULT_KNN_K, DEFAULT_LANCE_THRESHOLD, DEFAULT_LLM_BACKOFF,
+                               DEFAULT_LLM_BACKOFF_MAX, DEFAULT_LLM_BREAKER_COOLDOWN, DEFAULT_LLM_BREAKER_COOLDOWN_MAX,
+                               DEFAULT_LLM_BREAKER_FAILURES, DEFAULT_LLM_MAX_RETRIES, DEFAULT_LLM_MODE,
+                               DEFAULT_LLM_MODEL, DEFAULT_LLM_TIMEOUT, DEFAULT_LLM_VALIDATION_RETRIES,
+                               DEFAULT_QUESTIONS, DEFAULT_SERVE_TORCH_THREADS, EMBED_BACKENDS, KNN_MODES, LLM_MODES,
+                               PII_MASKING, QUERY_BACKENDS, TORCH)
+from lexgraph.embedding_model import model_input_limit
 from lexgraph.ids import short_hash
 
 # Bump when chunking output changes for the same input, so a new index version is built.
 CHUNKER_VERSION = "3"
-DEFAULT_CHUNK_TOKENS = 200
 MIN_CHUNK_TOKENS = 16
-KNN_MODES = ("auto", "exact", "approx")
 MIN_KNN_K, MAX_KNN_K = 1, 200
-PII_MASKING = ("off", "on")
-# The query side: `memory` loads every chunk vector, BM25 and keyword link into the process (fastest on
-# small corpora), `lance` queries LanceDB's ANN and full-text indexes, `auto` picks lance from
-# LEXGRAPH_LANCE_THRESHOLD chunks on (the ingestion's search_indexes asset builds those indexes from there).
-QUERY_BACKENDS = ("auto", "memory", "lance")
-DEFAULT_LANCE_THRESHOLD = 20_000
 MIN_LANCE_THRESHOLD = 1
-# The chat model asked when an endpoint is configured without LEXGRAPH_LLM_MODEL.
-DEFAULT_LLM_MODEL = "gpt-4o-mini"
 
 
 class SettingsError(ValueError):
     """A setting with an invalid value; the message names the variable and what it accepts."""
 
 
+class _NotANumber(ValueError):
+    """A numeric variable whose text is not a number; args[0] says what it must be ("a whole number", ...)."""
+
+
+def _whole(raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise _NotANumber("a whole number") from None
+
+
+def _number(raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        raise _NotANumber("a number") from None
+
+
+def _seconds(raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        raise _NotANumber("a number of seconds") from None
+
+
+# What LEXGRAPH_PII_MASKING accepts besides on and off.
+_SWITCH = {"true": "on", "1": "on", "yes": "on", "false": "off", "0": "off", "no": "off"}
+
+
+def _switch(raw: str) -> str:
+    return _SWITCH.get(raw.lower(), raw.lower())
+
+
+def _names(raw: str) -> tuple[str, ...]:
+    return tuple(part.strip().casefold() for part in raw.split(","))
+
+
+def _paths(raw: str) -> tuple[Path, ...]:
+    return tuple(Path(part.strip()) for part in raw.split(",") if part.strip())
+
+
+def _variable(name: str, default: Any, parse: Callable[[str], Any] | None = None, *, fallback: str | None = None,
+              secret: bool = False) -> Any:
+    """A setting read from the environment variable `name` (then `fallback`, when that is unset or empty), its text
+    parsed by `parse` (by default by the default's type). A secret is never in the repr nor in to_env()."""
+    if parse is None:
+        parse = Path if isinstance(default, Path) else {int: _whole, float: _number, str: str}[type(default)]
+    return field(default=default, repr=not secret,
+                 metadata={"variable": name, "fallback": fallback, "parse": parse, "secret": secret})
+
+
 @dataclass(frozen=True)
 class Settings:
-    """Everything that locates an index and shapes its build. Use Settings.from_env()."""
+    """Every setting: where the index lives and how it is built, the LLM endpoint and the client's patience, the
+    query side and the HTTP server. Build it once, with Settings.from_env(), and hand it down."""
 
-    home: Path = Path(".lexgraph")
-    collection: str = "default"
-    embed_model: str = DEFAULT_MODEL
+    home: Path = _variable("LEXGRAPH_HOME", Path(".lexgraph"))
+    collection: str = _variable("LEXGRAPH_COLLECTION", "default")
+    embed_model: str = _variable("LEXGRAPH_EMBED_MODEL", DEFAULT_EMBED_MODEL)
     # torch, onnx or onnx-int8 (lexgraph.extract.embedder): part of the index version, vectors never mix
-    embed_backend: str = DEFAULT_BACKEND
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS
-    inbox: Path = Path("sample/corpus")
-    knn_k: int = DEFAULT_KNN_K
-    knn_mode: str = "auto"
-    beta: float = DEFAULT_BETA
+    embed_backend: str = _variable("LEXGRAPH_EMBED_BACKEND", DEFAULT_EMBED_BACKEND, str.lower)
+    chunk_tokens: int = _variable("LEXGRAPH_CHUNK_TOKENS", DEFAULT_CHUNK_TOKENS)
+    inbox: Path = _variable("LEXGRAPH_INBOX", Path("sample/corpus"))
+    knn_k: int = _variable("LEXGRAPH_KNN_K", DEFAULT_KNN_K)
+    knn_mode: str = _variable("LEXGRAPH_KNN_MODE", "auto")
+    beta: float = _variable("LEXGRAPH_BETA", DEFAULT_BETA)
     # The LLM extractor: an OpenAI-compatible endpoint; none means the offline NLP extractor (spaCy).
-    llm_base_url: str = ""
-    llm_model: str = DEFAULT_LLM_MODEL
-    # Never shown: not in repr, never in metadata, never in a Dagster resource's config.
-    llm_api_key: str = field(default="", repr=False)
-    pii_masking: str = "off"
-    entity_types: tuple[str, ...] = tuple(DEFAULT_ENTITY_TYPES)
+    llm_base_url: str = _variable("LEXGRAPH_LLM_BASE_URL", "", fallback="OPENAI_BASE_URL")
+    llm_model: str = _variable("LEXGRAPH_LLM_MODEL", DEFAULT_LLM_MODEL)
+    # Never shown: not in repr, never in metadata, never a plain value in a Dagster resource's config.
+    llm_api_key: str = _variable("LEXGRAPH_LLM_API_KEY", "", fallback="OPENAI_API_KEY", secret=True)
+    pii_masking: str = _variable("LEXGRAPH_PII_MASKING", "off", _switch)
+    entity_types: tuple[str, ...] = _variable("LEXGRAPH_ENTITY_TYPES", tuple(DEFAULT_ENTITY_TYPES), _names)
     # The query router's own labelled questions (JSON lists of {question, route}), beside the shipped ones.
-    router_exemplars: tuple[Path, ...] = ()
-    query_backend: str = "auto"
-    lance_threshold: int = DEFAULT_LANCE_THRESHOLD
+    router_exemplars: tuple[Path, ...] = _variable("LEXGRAPH_ROUTER_EXEMPLARS", (), _paths)
+    query_backend: str = _variable("LEXGRAPH_QUERY_BACKEND", "auto", str.lower)
+    lance_threshold: int = _variable("LEXGRAPH_LANCE_THRESHOLD", DEFAULT_LANCE_THRESHOLD)
+    # The LLM client's patience (lexgraph.extract.llm_client): transport retries with backoff, re-asks after a
+    # malformed answer, and the circuit breaker (docs/RELIABILITY.md).
+    llm_timeout: float = _variable("LEXGRAPH_LLM_TIMEOUT", DEFAULT_LLM_TIMEOUT, _seconds)
+    llm_max_retries: int = _variable("LEXGRAPH_LLM_MAX_RETRIES", DEFAULT_LLM_MAX_RETRIES)
+    llm_validation_retries: int = _variable("LEXGRAPH_LLM_VALIDATION_RETRIES", DEFAULT_LLM_VALIDATION_RETRIES)
+    llm_backoff: float = _variable("LEXGRAPH_LLM_BACKOFF", DEFAULT_LLM_BACKOFF, _seconds)
+    llm_backoff_max: float = _variable("LEXGRAPH_LLM_BACKOFF_MAX", DEFAULT_LLM_BACKOFF_MAX, _seconds)
+    llm_mode: str = _variable("LEXGRAPH_LLM_MODE", DEFAULT_LLM_MODE, str.lower)
+    llm_breaker_failures: int = _variable("LEXGRAPH_LLM_BREAKER_FAILURES", DEFAULT_LLM_BREAKER_FAILURES)
+    llm_breaker_cooldown: float = _variable("LEXGRAPH_LLM_BREAKER_COOLDOWN", DEFAULT_LLM_BREAKER_COOLDOWN, _seconds)
+    llm_breaker_cooldown_max: float = _variable("LEXGRAPH_LLM_BREAKER_COOLDOWN_MAX", DEFAULT_LLM_BREAKER_COOLDOWN_MAX,
+                                                _seconds)
+    # `lexgraph serve` (lexgraph.query.http_api): the bearer token it requires (--token wins), and torch's threads.
+    serve_token: str = _variable("LEXGRAPH_SERVE_TOKEN", "", secret=True)
+    serve_torch_threads: int = _variable("LEXGRAPH_SERVE_TORCH_THREADS", DEFAULT_SERVE_TORCH_THREADS)
+    # The questions file of the retrieval_benchmark asset (its run config's `questions` wins).
+    questions: Path = _variable("LEXGRAPH_QUESTIONS", Path(DEFAULT_QUESTIONS))
 
-    # environment variable of each field, as documented in the README
-    ENV = {"home": "LEXGRAPH_HOME", "collection": "LEXGRAPH_COLLECTION", "embed_model": "LEXGRAPH_EMBED_MODEL",
-           "embed_backend": "LEXGRAPH_EMBED_BACKEND",
-           "chunk_tokens": "LEXGRAPH_CHUNK_TOKENS", "inbox": "LEXGRAPH_INBOX", "knn_k": "LEXGRAPH_KNN_K",
-           "knn_mode": "LEXGRAPH_KNN_MODE", "beta": "LEXGRAPH_BETA", "llm_base_url": "LEXGRAPH_LLM_BASE_URL",
-           "llm_model": "LEXGRAPH_LLM_MODEL", "llm_api_key": "LEXGRAPH_LLM_API_KEY",
-           "pii_masking": "LEXGRAPH_PII_MASKING", "entity_types": "LEXGRAPH_ENTITY_TYPES",
-           "router_exemplars": "LEXGRAPH_ROUTER_EXEMPLARS", "query_backend": "LEXGRAPH_QUERY_BACKEND",
-           "lance_threshold": "LEXGRAPH_LANCE_THRESHOLD"}
-    # read when the LEXGRAPH_ variable is unset or empty
-    FALLBACK_ENV = {"llm_base_url": "OPENAI_BASE_URL", "llm_api_key": "OPENAI_API_KEY"}
+    # Each field's environment variable, as documented in docs/SETTINGS.md; the variables read when the
+    # LEXGRAPH_ one is unset or empty; and the fields that are secrets.
+    ENV: ClassVar[Mapping[str, str]]
+    FALLBACK_ENV: ClassVar[Mapping[str, str]]
+    SECRETS: ClassVar[tuple[str, ...]]
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides) -> "Settings":
-        """Settings from LEXGRAPH_* variables (explicit overrides win), validated."""
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
+        """Settings from the LEXGRAPH_* variables of `environ` (default: the process's), explicit overrides
+        winning (None: not overridden; text is parsed as the variable's would be), validated."""
         environ = os.environ if environ is None else environ
-        values: dict = {}
+        values: dict[str, Any] = {}
         for f in fields(cls):
-            variable = cls.ENV[f.name]
-            raw = environ.get(variable, "").strip()
-            if not raw and f.name in cls.FALLBACK_ENV:
-                variable = cls.FALLBACK_ENV[f.name]
-                raw = environ.get(variable, "").strip()
-            if raw:
-                values[f.name] = _parse(variable, raw, f.default, environ)
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        for key in ("home", "inbox"):
-            if key in values:
-                values[key] = Path(values[key])
-        if isinstance(values.get("entity_types"), str):
-            values["entity_types"] = _parse("LEXGRAPH_ENTITY_TYPES", values["entity_types"], (), environ)
+            for variable in (f.metadata["variable"], f.metadata["fallback"]):
+                raw = environ.get(variable, "").strip() if variable else ""
+                if raw:
+                    values[f.name] = _parse(f, variable, raw, environ)
+                    break
+        by_name = {f.name: f for f in fields(cls)}
+        for name, value in overrides.items():
+            if value is None:
+                continue
+            if name not in by_name:
+                raise TypeError(f"Settings has no setting {name!r}")
+            f = by_name[name]
+            if isinstance(value, str) and not isinstance(f.default, str):
+                value = _parse(f, f.metadata["variable"], value, environ)
+            elif isinstance(f.default, Path):
+                value = Path(value)
+            values[name] = value
         settings = cls(**values)
         settings.validate()
         return settings
+
+    def to_env(self) -> dict[str, str]:
+        """The variables that give these settings, the secrets left out: Settings.from_env(s.to_env()) is s
+        without its secrets. The form a Dagster resource carries them in (resources.IndexResource)."""
+        return {f.metadata["variable"]: _format(getattr(self, f.name)) for f in fields(self)
+                if not f.metadata["secret"]}
 
     def with_(self, **changes) -> "Settings":
         settings = replace(self, **changes)
@@ -148,6 +219,12 @@ class Settings:
             raise SettingsError("LEXGRAPH_ENTITY_TYPES must be a comma-separated list of distinct, non-empty "
                                 f"entity types, e.g. {','.join(DEFAULT_ENTITY_TYPES)}, got "
                                 f"{','.join(self.entity_types)!r}")
+        check_llm_client(self.llm_timeout, self.llm_max_retries, self.llm_validation_retries, self.llm_backoff,
+                         self.llm_backoff_max, self.llm_mode, self.llm_breaker_failures, self.llm_breaker_cooldown,
+                         self.llm_breaker_cooldown_max)
+        if not 1 <= self.serve_torch_threads <= 256:
+            raise SettingsError(f"LEXGRAPH_SERVE_TORCH_THREADS must be a whole number from 1 to 256, "
+                                f"got {self.serve_torch_threads}")
 
     @property
     def index_version(self) -> str:
@@ -197,19 +274,44 @@ class Settings:
         return self.query_backend == "lance"
 
 
+Settings.ENV = MappingProxyType({f.name: f.metadata["variable"] for f in fields(Settings)})
+Settings.FALLBACK_ENV = MappingProxyType({f.name: f.metadata["fallback"] for f in fields(Settings)
+                                          if f.metadata["fallback"]})
+Settings.SECRETS = tuple(f.name for f in fields(Settings) if f.metadata["secret"])
+
+def check_llm_client(timeout: float, max_retries: int, validation_retries: int, backoff: float, backoff_max: float,
+                     mode: str, breaker_failures: int, breaker_cooldown: float, breaker_cooldown_max: float) -> None:
+    """The LLM client's settings (Settings.llm_timeout and the rest, lexgraph.extract.llm_config.LLMConfig's
+    fields), checked; a bad one raises SettingsError naming its variable."""
+    def check(ok: bool, name: str, message: str) -> None:
+        if not ok:
+            raise SettingsError(f"{Settings.ENV[name]} {message}")
+
+    check(0 < timeout <= 3600, "llm_timeout", f"must be seconds, more than 0 and at most 3600, got {timeout}")
+    check(0 <= max_retries <= 20, "llm_max_retries", f"must be a whole number from 0 to 20, got {max_retries}")
+    check(0 <= validation_retries <= 10, "llm_validation_retries",
+          f"must be a whole number from 0 to 10, got {validation_retries}")
+    check(0 <= backoff <= 600, "llm_backoff", f"must be seconds from 0 to 600, got {backoff}")
+    check(0 <= backoff_max <= 3600, "llm_backoff_max", f"must be seconds from 0 to 3600, got {backoff_max}")
+    check(mode in LLM_MODES, "llm_mode", f"must be one of {', '.join(LLM_MODES)}, got {mode!r}")
+    check(0 <= breaker_failures <= 1000, "llm_breaker_failures",
+          f"must be a whole number from 0 (no breaker) to 1000, got {breaker_failures}")
+    check(0 <= breaker_cooldown <= 86400, "llm_breaker_cooldown",
+          f"must be seconds from 0 to 86400, got {breaker_cooldown}")
+    check(breaker_cooldown <= breaker_cooldown_max <= 86400, "llm_breaker_cooldown_max",
+          f"must be seconds from the cool-down ({breaker_cooldown:g}) to 86400, got {breaker_cooldown_max}")
+
+
 # What each numeric variable accepts, for messages about values that are not numbers at all.
 _ALLOWED = {"LEXGRAPH_CHUNK_TOKENS": lambda env: f"from {MIN_CHUNK_TOKENS} to {_input_limit(_model(env), 254)}",
             "LEXGRAPH_KNN_K": lambda env: f"from {MIN_KNN_K} to {MAX_KNN_K}",
             "LEXGRAPH_BETA": lambda env: "from 0 to 1",
-            "LEXGRAPH_LANCE_THRESHOLD": lambda env: f"from {MIN_LANCE_THRESHOLD} on (chunks)"}
-
-
-# What LEXGRAPH_PII_MASKING accepts besides on and off (as lexgraph.extract.pii reads it).
-_SWITCH = {"true": "on", "1": "on", "yes": "on", "false": "off", "0": "off", "no": "off"}
+            "LEXGRAPH_LANCE_THRESHOLD": lambda env: f"from {MIN_LANCE_THRESHOLD} on (chunks)",
+            "LEXGRAPH_SERVE_TORCH_THREADS": lambda env: "from 1 to 256"}
 
 
 def _model(environ: Mapping[str, str]) -> str:
-    return environ.get("LEXGRAPH_EMBED_MODEL", "").strip() or DEFAULT_MODEL
+    return environ.get("LEXGRAPH_EMBED_MODEL", "").strip() or DEFAULT_EMBED_MODEL
 
 
 def _input_limit(model: str, fallback: int | None = None) -> int:
@@ -218,8 +320,8 @@ def _input_limit(model: str, fallback: int | None = None) -> int:
     except (ValueError, OSError) as error:
         if fallback is not None:
             return fallback
-        raise SettingsError(f"LEXGRAPH_EMBED_MODEL must be {DEFAULT_MODEL} (bundled) or a local folder holding a "
-                            f"sentence-transformers model: {error}") from None
+        raise SettingsError(f"LEXGRAPH_EMBED_MODEL must be {DEFAULT_EMBED_MODEL} (bundled) or a local folder holding "
+                            f"a sentence-transformers model: {error}") from None
 
 
 def _check_folder(variable: str, path: Path) -> None:
@@ -232,27 +334,18 @@ def _check_folder(variable: str, path: Path) -> None:
             return
 
 
-def _parse(variable: str, raw: str, default, environ: Mapping[str, str]):
-    """Parse a variable to its field's type; a bad value names the variable and what it accepts."""
-    kind = type(default)
-    if variable == "LEXGRAPH_QUERY_BACKEND":
-        return raw.lower()
-    if variable == "LEXGRAPH_PII_MASKING":
-        word = raw.lower()
-        return _SWITCH.get(word, word)
-    if variable == "LEXGRAPH_EMBED_BACKEND":
-        return raw.lower()
-    if variable == "LEXGRAPH_ENTITY_TYPES":
-        return tuple(part.strip().casefold() for part in raw.split(","))
-    if variable == "LEXGRAPH_ROUTER_EXEMPLARS":
-        return tuple(Path(part.strip()) for part in raw.split(",") if part.strip())
+def _parse(f: Field, variable: str, raw: str, environ: Mapping[str, str]) -> Any:
+    """A variable's text as its field's value; a number that is not one names the variable and what it accepts."""
     try:
-        if kind is int:
-            return int(raw)
-        if kind is float:
-            return float(raw)
-    except ValueError:
+        return f.metadata["parse"](raw)
+    except _NotANumber as error:
         allowed = _ALLOWED[variable](environ) if variable in _ALLOWED else ""
-        raise SettingsError(f"{variable} must be a {'whole number' if kind is int else 'number'} "
-                            f"{allowed}, got {raw!r}".replace("  ", " ")) from None
-    return raw
+        raise SettingsError(f"{variable} must be {error.args[0]}{' ' + allowed if allowed else ''}, "
+                            f"got {raw!r}") from None
+
+
+def _format(value: Any) -> str:
+    """A value as its variable's text (to_env): lists comma-separated, numbers as Python writes them."""
+    if isinstance(value, tuple):
+        return ",".join(str(item) for item in value)
+    return repr(value) if isinstance(value, float) else str(value)

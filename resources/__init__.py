@@ -1,16 +1,18 @@
 """Dagster resources: thin, configurable wrappers around lexgraph's clients.
 
-Every field left empty means "as lexgraph.settings.Settings.from_env() says", and
-orchestration.definitions fills them from one Settings object, so the CLI, the sensor and
-`make dev` always agree on the index they use.
+They all carry one lexgraph Settings (IndexResource), which orchestration.definitions builds once, from the
+environment or as handed in, so the CLI, the sensor and `make dev` always agree on the index they use, and a
+Settings handed to an ingest is the one its runs use, its API key included.
 """
-from __future__ import annotations
-
+# No `from __future__ import annotations`: Dagster reads the fields' annotations (a resource dependency) as types.
+import os
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping, Optional
 
 import dagster as dg
+from pydantic import PrivateAttr
 
 from lexgraph.indexing import lexical
 from lexgraph.indexing.corpus_index import CorpusFiles
@@ -26,43 +28,58 @@ from lexgraph.storage.graph_store import GraphStore
 from lexgraph.storage.vector_store import VectorStore
 
 
-class IndexResource(dg.ConfigurableResource):
-    """Where the index lives and how it is built; empty or unset fields come from the environment."""
+class HandedSecret:
+    """A secret handed in with a Settings object that no environment variable holds (an ingest's own API key), kept
+    in memory as a resource dependency: never a config value, so never in the UI, a run's config or a snapshot."""
 
-    home: str = ""
-    collection: str = ""
-    chunk_tokens: int = 0
-    embed_model: str = ""
-    embed_backend: str = ""
-    knn_k: int = 0
-    knn_mode: str = ""
-    beta: float = -1.0
-    # The extractor's endpoint and model (not secret). The API key is never a resource field: it would be shown
-    # in the UI's resource config; it is read from LEXGRAPH_LLM_API_KEY / OPENAI_API_KEY where the run happens.
-    llm_base_url: str = ""
-    llm_model: str = ""
-    pii_masking: str = ""
-    entity_types: str = ""  # comma-separated
-    query_backend: str = ""  # decides whether the corpus job builds LanceDB's search indexes
-    lance_threshold: int = 0
+    __slots__ = ("value",)
+
+    def __init__(self, value: str):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return "HandedSecret(***)"
+
+
+class IndexResource(dg.ConfigurableResource):
+    """The one lexgraph Settings, handed down to every asset, sensor and resource: where the index lives, how it is
+    built, the LLM endpoint and the client's patience. Build with from_settings; read with settings().
+
+    `variables` holds the settings' non-secret values as the LEXGRAPH_* variables that give them (Settings.to_env),
+    so the UI shows them and a run's resource config can change them; nothing else comes from the environment.
+    The LLM API key comes through dg.EnvVar (LEXGRAPH_LLM_API_KEY or OPENAI_API_KEY), as Dagster's own projects
+    take their secrets; a key handed in with a Settings object that no variable holds travels in memory
+    (`handed_api_key`). Neither is ever a plain value in the resource's config. `lexgraph serve`'s token is not a
+    Dagster concern and is left out."""
+
+    variables: dict[str, str]
+    llm_api_key: str = ""
+    handed_api_key: dg.ResourceDependency[Optional[HandedSecret]] = None
+    _settings: Optional[Settings] = PrivateAttr(default=None)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> "IndexResource":
-        return cls(home=str(settings.home), collection=settings.collection, chunk_tokens=settings.chunk_tokens,
-                   embed_model=settings.embed_model, embed_backend=settings.embed_backend, knn_k=settings.knn_k,
-                   knn_mode=settings.knn_mode, beta=settings.beta, llm_base_url=settings.llm_base_url,
-                   llm_model=settings.llm_model, pii_masking=settings.pii_masking,
-                   entity_types=",".join(settings.entity_types), query_backend=settings.query_backend,
-                   lance_threshold=settings.lance_threshold)
+    def from_settings(cls, settings: Settings, environ: Mapping[str, str] | None = None) -> "IndexResource":
+        """The resource carrying these settings; its key as the dg.EnvVar of the variable that holds it (in
+        `environ`, default the process's), else handed in memory."""
+        environ = os.environ if environ is None else environ
+        key = settings.llm_api_key
+        variable = next((name for name in (Settings.ENV["llm_api_key"], Settings.FALLBACK_ENV["llm_api_key"])
+                         if key and environ.get(name, "").strip() == key), None)
+        handed = {"handed_api_key": HandedSecret(key)} if key and not variable else {}
+        resource = cls(variables=settings.to_env(), llm_api_key=dg.EnvVar(variable) if variable else "", **handed)
+        if resource.settings() != replace(settings, serve_token=""):
+            raise ValueError("these settings do not survive their variables (Settings.to_env): a value their "
+                             "variable cannot give, such as an entity type in capitals")
+        return resource
 
     def settings(self) -> Settings:
-        return Settings.from_env(
-            home=self.home or None, collection=self.collection or None, chunk_tokens=self.chunk_tokens or None,
-            embed_model=self.embed_model or None, embed_backend=self.embed_backend or None,
-            knn_k=self.knn_k or None, knn_mode=self.knn_mode or None, beta=self.beta if self.beta >= 0 else None,
-            llm_base_url=self.llm_base_url or None, llm_model=self.llm_model or None,
-            pii_masking=self.pii_masking or None, entity_types=self.entity_types or None,
-            query_backend=self.query_backend or None, lance_threshold=self.lance_threshold or None)
+        """The settings, built once per resource instance (Dagster makes one per run) and checked."""
+        if self._settings is None:
+            key = self.llm_api_key.get_value() if isinstance(self.llm_api_key, dg.EnvVar) else self.llm_api_key
+            if not (key or "").strip() and self.handed_api_key is not None:
+                key = self.handed_api_key.value
+            self._settings = Settings.from_env(self.variables, llm_api_key=(key or "").strip() or None)
+        return self._settings
 
     def extract_store(self) -> ExtractStore:
         return ExtractStore(self.settings().extract_dir)
@@ -134,10 +151,10 @@ class ExtractorResource(dg.ConfigurableResource):
 class InboxResource(dg.ConfigurableResource):
     """The folder the sensor watches; files map to partition keys by their path inside it."""
 
-    path: str = ""
+    path: str  # the settings' inbox (orchestration.definitions)
 
     def root(self) -> Path:
-        return Path(self.path) if self.path else Settings.from_env().inbox
+        return Path(self.path)
 
     def files(self) -> dict[str, Path]:
         root = self.root()

@@ -351,6 +351,7 @@ class LLMTestServer:
             self._rules: list[_MarkerRule] = []
             self._every: tuple[int, Fault] | None = None
             self._requests: list[dict] = []
+            self._authorizations: list[str | None] = []  # each request's Authorization header (None: none sent)
             self._served: list[str] = []
             self._prompt_tokens = 0
             self._completion_tokens = 0
@@ -372,6 +373,12 @@ class LLMTestServer:
         with self._lock:
             return list(self._served)
 
+    @property
+    def authorizations(self) -> list[str | None]:
+        """The Authorization header of each chat-completion request, in order (e.g. "Bearer sk-...")."""
+        with self._lock:
+            return list(self._authorizations)
+
     def user_texts(self) -> list[str]:
         return ["\n".join(_message_text(m) for m in body.get("messages", []) if m.get("role") == "user")
                 for body in self.requests]
@@ -387,11 +394,12 @@ class LLMTestServer:
 
     # -- one request -------------------------------------------------------------------------------------
 
-    def _admit(self, body: dict) -> tuple[int, Fault | None]:
+    def _admit(self, body: dict, authorization: str | None = None) -> tuple[int, Fault | None]:
         """Record a chat-completion request and pick its fault (marker rules, then the queue, then every-n)."""
         text = "\n".join(_message_text(m) for m in body.get("messages", []) if isinstance(m, dict))
         with self._lock:
             self._requests.append(body)
+            self._authorizations.append(authorization)
             number = len(self._requests)
             fault = None
             for rule in self._rules:
@@ -519,7 +527,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             self._error(400, "'messages' must be a list", "invalid_request_error")
             return
-        number, fault = owner._admit(body)
+        number, fault = owner._admit(body, self.headers.get("Authorization"))
         if owner.latency:
             owner._stopping.wait(owner.latency)
         if fault is None or fault.kind in ("malformed", "invalid"):

@@ -166,13 +166,15 @@ def test_benchmark_asset_materializes_on_the_indexed_inbox(benched, tmp_path):
     import dagster as dg
 
     from assets.bench import retrieval_benchmark
+    from lexgraph.settings import Settings
     from resources import IndexResource, InboxResource
 
     corpus, home, _ = benched
     index_home = bench.prepare_corpus(corpus, home).index_home
     result = dg.materialize(
         [retrieval_benchmark],
-        resources={"index": IndexResource(home=str(index_home)), "inbox": InboxResource(path=str(corpus))},
+        resources={"index": IndexResource.from_settings(Settings.from_env(home=index_home)),
+                   "inbox": InboxResource(path=str(corpus))},
         run_config={"ops": {"retrieval_benchmark": {"config": {"questions": str(QUESTIONS),
                                                                "out_dir": str(tmp_path / "asset")}}}},
     )

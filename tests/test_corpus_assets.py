@@ -115,7 +115,7 @@ def test_beta_extremes(tiny_corpus, home, instance, beta):
     from resources import IndexResource
 
     defs = build_definitions(Settings.from_env(home=home, inbox=tiny_corpus))
-    resources = {**defs.resources, "index": IndexResource(home=str(home), beta=beta)}
+    resources = {**defs.resources, "index": IndexResource.from_settings(Settings.from_env(home=home, beta=beta))}
     result = dg.materialize(corpus_assets, instance=instance, resources=resources)
     assert result.success
     n = stores(home)[0].count("chunks")

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from lexgraph.query.http_api import ServeError, check_bind, is_loopback, prefers_html, torch_threads
+from lexgraph.query.http_api import ServeError, check_bind, is_loopback, prefers_html, resolve_token
 from orchestration.cli import main as lexgraph
 from tests.conftest import ROOT, SAMPLE_CORPUS
 
@@ -321,11 +321,21 @@ def test_loopback_and_token_rules():
         check_bind(" ", "a-token")
 
 
-def test_torch_threads_setting():
-    assert torch_threads({}) == 1 and torch_threads({"LEXGRAPH_SERVE_TORCH_THREADS": " 2 "}) == 2
+def test_serve_settings():
+    """The server's variables are read by the one Settings: torch's threads, and the token (--token wins)."""
+    from lexgraph.settings import Settings, SettingsError
+
+    def threads(environ):
+        return Settings.from_env(environ).serve_torch_threads
+
+    assert threads({}) == 1 and threads({"LEXGRAPH_SERVE_TORCH_THREADS": " 2 "}) == 2
     for bad in ("0", "-1", "two", "1.5", "1000"):
-        with pytest.raises(ServeError, match="LEXGRAPH_SERVE_TORCH_THREADS"):
-            torch_threads({"LEXGRAPH_SERVE_TORCH_THREADS": bad})
+        with pytest.raises(SettingsError, match="^LEXGRAPH_SERVE_TORCH_THREADS must be a whole number from 1 to 256"):
+            threads({"LEXGRAPH_SERVE_TORCH_THREADS": bad})
+    settings = Settings.from_env({"LEXGRAPH_SERVE_TOKEN": " from-env "})
+    assert "from-env" not in repr(settings)
+    assert resolve_token(None, settings) == "from-env" and resolve_token("given", settings) == "given"
+    assert resolve_token(" ", Settings.from_env({"LEXGRAPH_SERVE_TOKEN": "  "})) is None
 
 
 def test_accept_negotiation():

@@ -26,6 +26,7 @@ from lexgraph.extract.schemas import (
     extraction_model,
 )
 from lexgraph.ledger import CostLedger
+from lexgraph.settings import Settings, SettingsError
 from tests.llm_server import LLMTestServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -344,23 +345,30 @@ def test_a_masking_failure_sends_nothing(server):
 
 # -- configuration --------------------------------------------------------------------------------------------
 
-def test_config_from_env_with_openai_fallbacks_and_named_errors():
-    config = LLMConfig.from_env({"OPENAI_BASE_URL": "http://127.0.0.1:1/v1", "OPENAI_API_KEY": "sk-o"})
+def test_config_from_settings_with_openai_fallbacks_and_named_errors():
+    """LLMConfig takes every value from the one Settings, which reads the variables and checks them."""
+    def config_of(environ):
+        return LLMConfig.from_settings(Settings.from_env(environ))
+
+    config = config_of({"OPENAI_BASE_URL": "http://127.0.0.1:1/v1", "OPENAI_API_KEY": "sk-o"})
     assert (config.base_url, config.api_key, config.enabled) == ("http://127.0.0.1:1/v1", "sk-o", True)
     assert "sk-o" not in repr(config)
-    config = LLMConfig.from_env({"LEXGRAPH_LLM_BASE_URL": "http://localhost:8000/v1", "OPENAI_BASE_URL": "http://x/v1",
-                                 "LEXGRAPH_LLM_MODEL": "qwen2.5", "LEXGRAPH_LLM_API_KEY": "k",
-                                 "OPENAI_API_KEY": "o", "LEXGRAPH_LLM_TIMEOUT": "7.5",
-                                 "LEXGRAPH_LLM_MAX_RETRIES": "2", "LEXGRAPH_ENTITY_TYPES": "person, vessel"})
+    config = config_of({"LEXGRAPH_LLM_BASE_URL": "http://localhost:8000/v1", "OPENAI_BASE_URL": "http://x/v1",
+                        "LEXGRAPH_LLM_MODEL": "qwen2.5", "LEXGRAPH_LLM_API_KEY": "k",
+                        "OPENAI_API_KEY": "o", "LEXGRAPH_LLM_TIMEOUT": "7.5",
+                        "LEXGRAPH_LLM_MAX_RETRIES": "2", "LEXGRAPH_ENTITY_TYPES": "person, vessel"})
     assert (config.base_url, config.model, config.api_key) == ("http://localhost:8000/v1", "qwen2.5", "k")
     assert (config.timeout_seconds, config.max_retries, config.entity_types) == (7.5, 2, ("person", "vessel"))
-    assert not LLMConfig.from_env({}).enabled
+    assert not config_of({}).enabled
+    assert config_of({}) == LLMConfig(model=Settings().llm_model)  # the same defaults, written once
     for variable, value in [("LEXGRAPH_LLM_TIMEOUT", "soon"), ("LEXGRAPH_LLM_TIMEOUT", "0"),
                             ("LEXGRAPH_LLM_MAX_RETRIES", "-1"), ("LEXGRAPH_LLM_BASE_URL", "localhost:8000"),
                             ("OPENAI_BASE_URL", "ftp://x"), ("LEXGRAPH_LLM_MODE", "xml"),
                             ("LEXGRAPH_LLM_BACKOFF", "x")]:
-        with pytest.raises(LLMConfigError, match=variable.replace("OPENAI_BASE_URL", "LEXGRAPH_LLM_BASE_URL")):
-            LLMConfig.from_env({variable: value})
+        with pytest.raises(SettingsError, match=variable.replace("OPENAI_BASE_URL", "LEXGRAPH_LLM_BASE_URL")):
+            config_of({variable: value})
+    with pytest.raises(LLMConfigError, match="LEXGRAPH_LLM_TIMEOUT"):  # a config built by hand: the same checks
+        LLMConfig(base_url="http://127.0.0.1:1/v1", timeout_seconds=0).validate()
 
 
 # -- the standalone server ------------------------------------------------------------------------------------

@@ -34,10 +34,10 @@ from lexgraph.indexing import lexical, lexical_tables, pipeline
 from lexgraph.indexing.corpus_index import CorpusFiles
 from lexgraph.extract.extraction_cache import ExtractionCache
 from lexgraph.extract.llm_client import CIRCUIT_OPEN, LLMFailure, StructuredLLM
-from lexgraph.extract.llm_config import LLMConfig, LLMConfigError
+from lexgraph.extract.llm_config import LLMConfig
 from lexgraph.extract.schemas import extraction_model
 from lexgraph.ledger import CostLedger
-from lexgraph.settings import Settings
+from lexgraph.settings import Settings, SettingsError
 from lexgraph.storage.extract_store import ExtractStore
 from lexgraph.storage.graph_store import GraphStore
 from orchestration.definitions import build_definitions
@@ -369,10 +369,13 @@ def test_a_ledger_merge_killed_midway_counts_every_row_once_and_refused_calls_ar
 
 
 def test_breaker_settings_come_from_the_environment_and_are_checked():
-    config = LLMConfig.from_env({"LEXGRAPH_LLM_BASE_URL": "http://127.0.0.1:1/v1", "LEXGRAPH_LLM_BREAKER_FAILURES": "7",
-                                 "LEXGRAPH_LLM_BREAKER_COOLDOWN": "30", "LEXGRAPH_LLM_BREAKER_COOLDOWN_MAX": "120"})
+    def config_of(environ):
+        return LLMConfig.from_settings(Settings.from_env(environ))
+
+    config = config_of({"LEXGRAPH_LLM_BASE_URL": "http://127.0.0.1:1/v1", "LEXGRAPH_LLM_BREAKER_FAILURES": "7",
+                        "LEXGRAPH_LLM_BREAKER_COOLDOWN": "30", "LEXGRAPH_LLM_BREAKER_COOLDOWN_MAX": "120"})
     assert (config.breaker_failures, config.breaker_cooldown_seconds, config.breaker_cooldown_max_seconds) == (7, 30, 120)
-    defaults = LLMConfig.from_env({})
+    defaults = config_of({})
     assert (defaults.breaker_failures, defaults.breaker_cooldown_seconds, defaults.breaker_cooldown_max_seconds) == (
         5, 60, 900)
     for variable, value, message in [
@@ -381,8 +384,8 @@ def test_breaker_settings_come_from_the_environment_and_are_checked():
             ("LEXGRAPH_LLM_BREAKER_COOLDOWN", "soon", "LEXGRAPH_LLM_BREAKER_COOLDOWN must be a number of seconds"),
             ("LEXGRAPH_LLM_BREAKER_COOLDOWN_MAX", "5", "LEXGRAPH_LLM_BREAKER_COOLDOWN_MAX must be seconds from the "
                                                       "cool-down (60) to 86400, got 5.0")]:
-        with pytest.raises(LLMConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-            LLMConfig.from_env({variable: value})
+        with pytest.raises(SettingsError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            config_of({variable: value})
     off = LLMConfig(base_url="http://127.0.0.1:1/v1", breaker_failures=0)
     client = StructuredLLM(off)
     for _ in range(3):

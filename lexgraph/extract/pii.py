@@ -1,6 +1,6 @@
 """PII masking before text reaches an LLM: emails, phone numbers, national ids, IBANs and card numbers.
 
-Off by default (``LEXGRAPH_PII_MASKING=on`` enables it). Only the text sent to the model is masked;
+Off by default (``LEXGRAPH_PII_MASKING=on`` enables it, read by lexgraph.settings as ``Settings.pii_masking``). Only the text sent to the model is masked;
 the stored source text is untouched. Each match becomes a typed placeholder (``[EMAIL]``,
 ``[PHONE]``, ``[NATIONAL_ID]``, ``[IBAN]``, ``[CARD]``), so the model still sees that something was
 there. Checksummed kinds are validated: an IBAN must pass mod 97, a card number must pass Luhn, so
@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable
 
-PII_MASKING_ENV = "LEXGRAPH_PII_MASKING"
 KINDS = ("EMAIL", "IBAN", "NATIONAL_ID", "CARD", "PHONE")
 
 
@@ -185,13 +184,3 @@ def mask_pii(text: str) -> MaskResult:
     for pattern in _PHONES:
         masked = _substitute(masked, pattern, "PHONE", counts, _phone_ok)
     return MaskResult(masked, {kind: counts[kind] for kind in KINDS if kind in counts})
-
-
-def masking_enabled(environ: Mapping[str, str]) -> bool:
-    """``LEXGRAPH_PII_MASKING``: on/off (also true/false, 1/0, yes/no); unset means off."""
-    raw = environ.get(PII_MASKING_ENV, "").strip().lower()
-    if raw in ("", "off", "false", "0", "no"):
-        return False
-    if raw in ("on", "true", "1", "yes"):
-        return True
-    raise ValueError(f"{PII_MASKING_ENV} must be 'on' or 'off', got {environ.get(PII_MASKING_ENV)!r}")

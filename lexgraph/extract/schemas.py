@@ -28,9 +28,8 @@ from typing import Any, ClassVar, Iterable, Iterator, Literal, Protocol, runtime
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator, model_validator
 
-DEFAULT_ENTITY_TYPES: tuple[str, ...] = (
-    "person", "organization", "location", "vessel", "contract", "product", "event", "date", "money", "other",
-)
+from lexgraph.defaults import DEFAULT_ENTITY_TYPES
+
 FALLBACK_TYPE = "other"
 
 _TYPE_SYNONYMS: dict[str, str] = {

@@ -20,15 +20,12 @@ import numpy.typing as npt
 import polars as pl
 import scipy.sparse as sp
 
+from lexgraph.defaults import DEFAULT_KNN_K
+
 SEMANTIC = "semantic"
 LEXICAL = "lexical"
-# Chosen by measurement (LiHua-World: 1,401 chunks of <=150 words, all-MiniLM-L6-v2; and
-# benchmarks/bench_scale.py). From K=8 the semantic graph alone is connected. Going from 10 to 20
-# cuts the old chunks whose selection flips when 10 documents are added from ~21 to ~16 (each
-# newly selected chunk is an LLM call) and lifts the β=0.8 selection from 0.87 to 0.94 Jaccard
-# of K=30's, for ~2x edges but ~+6% build time at 50k chunks (the HNSW build dominates).
-# Beyond 20 neither figure improves.
-DEFAULT_K = 20
+# K, chosen by measurement: lexgraph.defaults says how (LEXGRAPH_KNN_K's default).
+DEFAULT_K = DEFAULT_KNN_K
 # A word in more chunks than this links too much to say which chunks are close, and keeping it
 # would make the lexical search cost grow with its document frequency; cost per chunk stays
 # below (its distinct words) x DEFAULT_MAX_DF candidate pairs.

@@ -531,12 +531,10 @@ def pii_masker(settings) -> Callable | None:
 
 
 def llm_config(settings):
-    """The LLM client configuration: endpoint, model, key and entity types from the settings; timeouts and
-    retries from LexGraph's LLM variables (LEXGRAPH_LLM_TIMEOUT, ...) when set."""
+    """The LLM client configuration of these settings: endpoint, model, key, entity types, timeouts and retries."""
     from lexgraph.extract.llm_config import LLMConfig
 
-    return LLMConfig.from_env(base_url=settings.llm_base_url or None, model=settings.llm_model,
-                              api_key=settings.llm_api_key or None, entity_types=tuple(settings.entity_types))
+    return LLMConfig.from_settings(settings)
 
 
 def llm_extractor(settings) -> Extractor | None:

@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
-DEFAULT_BETA = 0.8
+from lexgraph.defaults import DEFAULT_BETA
 # β·n is computed in floating point: 0.29 * 100 is 28.999999999999996, which must count as 29.
 _FLOOR_SLACK = 1e-9
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
-import os
 from typing import Literal
 
 from fastapi import FastAPI, Request
@@ -24,11 +23,9 @@ from pydantic import BaseModel, ConfigDict, field_validator
 from lexgraph.settings import Settings
 
 ROUTES = ("auto", "semantic", "graph", "agentic")
-TOKEN_ENV = "LEXGRAPH_SERVE_TOKEN"
-# torch intra-op threads in the server. Requests already run in parallel (one thread each); a second
-# intra-op thread per request only waits for a core, which on the 2-core machine made answers ~5x
-# slower under load (docs/BENCHMARKS.md, "Serving"). Override for a machine with cores to spare.
-TORCH_THREADS_ENV = "LEXGRAPH_SERVE_TORCH_THREADS"
+# The server's variables are read by lexgraph.settings: Settings.serve_token and Settings.serve_torch_threads (torch
+# intra-op threads per request, 1 by default: lexgraph.defaults says why). The token's, for messages:
+TOKEN_ENV = Settings.ENV["serve_token"]
 # Larger request bodies are refused (413) before they are read whole; the service's own question
 # length limit is far below this, so an over-long question still gets its 422.
 MAX_BODY_BYTES = 1 << 20
@@ -71,10 +68,9 @@ def is_loopback(host: str) -> bool:
     return address.is_loopback
 
 
-def resolve_token(token: str | None, environ=None) -> str | None:
-    """The token given, else $LEXGRAPH_SERVE_TOKEN; blank means none."""
-    environ = os.environ if environ is None else environ
-    token = token if token is not None and token.strip() else environ.get(TOKEN_ENV, "")
+def resolve_token(token: str | None, settings: Settings) -> str | None:
+    """The token given, else the settings' ($LEXGRAPH_SERVE_TOKEN); blank means none."""
+    token = token if token is not None and token.strip() else settings.serve_token
     return token.strip() or None
 
 
@@ -255,23 +251,15 @@ def _message(error: Exception, default: str) -> str:
     return str(error.args[0]) if error.args and isinstance(error.args[0], str) else (str(error) or default)
 
 
-def torch_threads(environ=None) -> int:
-    environ = os.environ if environ is None else environ
-    raw = environ.get(TORCH_THREADS_ENV, "").strip() or "1"
-    if not raw.isdigit() or not 1 <= int(raw) <= 256:
-        raise ServeError(f"{TORCH_THREADS_ENV} must be a whole number from 1 to 256, got {raw!r}")
-    return int(raw)
-
-
 def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000, token: str | None = None,
           log_level: str = "info") -> None:
     """Run the API under uvicorn until interrupted. Raises ServeError, before anything is loaded, for a
-    non-loopback host without a token (given or from $LEXGRAPH_SERVE_TOKEN)."""
-    token = resolve_token(token)
+    non-loopback host without a token (given or the settings', from $LEXGRAPH_SERVE_TOKEN)."""
+    token = resolve_token(token, settings)
     check_bind(host, token)
     if not 0 <= port <= 65535:
         raise ServeError(f"the port must be from 0 to 65535, got {port}")
-    threads = torch_threads()
+    threads = settings.serve_torch_threads
     from lexgraph.extract.embedder import TORCH
 
     if settings.embed_backend == TORCH:  # the onnx backends never load torch: importing it costs seconds

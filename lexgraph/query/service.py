@@ -240,13 +240,13 @@ class QueryService:
         return default_router(self.settings.router_exemplars, lambda texts: embedder.result().embed_queries(texts))
 
     def _llm_client(self):
-        from lexgraph.indexing.lexical import llm_config
         from lexgraph.extract.llm_client import StructuredLLM
+        from lexgraph.extract.llm_config import LLMConfig
 
         if self._use_llm is False or self.settings.extractor != "openai":
             return None
         if self._llm is None:
-            self._llm = StructuredLLM(llm_config(self.settings))
+            self._llm = StructuredLLM(LLMConfig.from_settings(self.settings))
         return self._llm
 
     # -- asking -----------------------------------------------------------------------------------------
