@@ -29,7 +29,8 @@ import polars as pl
 import pyarrow as pa
 
 from lexgraph.indexing import lexical_tables, pipeline
-from lexgraph.indexing.corpus_index import KNN_STATE_SCHEMA, SAVED_EDGE_SCHEMA, CorpusFiles
+from lexgraph.indexing.corpus_state import CorpusFiles
+from lexgraph.indexing.knn_state import KNN_STATE_SCHEMA, SAVED_EDGE_SCHEMA
 from lexgraph.indexing.resolution import MERGE_SCHEMA
 from lexgraph.extract.keywords import OCCURRENCE_SCHEMA, empty_keyword_index
 from lexgraph.extract.source_texts import SOURCE_TEXT_SCHEMA, SOURCE_TEXTS

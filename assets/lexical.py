@@ -21,7 +21,7 @@ from assets.documents import (_report_failures, _status, batch_metadata, describ
 from assets.partitions import GRAPH_WRITER_POOL, batched, documents, step_partition_keys
 from assets.skeleton import _corpus_version, skeleton_selection
 from lexgraph.indexing import lexical, pipeline
-from lexgraph.indexing.corpus_index import LEXICAL_GRAPH, catalog_digest
+from lexgraph.indexing.corpus_state import LEXICAL_GRAPH, catalog_digest
 from lexgraph.ids import content_hash
 from resources import EmbedderResource, ExtractorResource, IndexResource, KuzuResource, LanceDBResource
 

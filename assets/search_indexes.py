@@ -7,7 +7,7 @@ import dagster as dg
 from assets.catalog import CORPUS, spec_kwargs
 from assets.partitions import GRAPH_WRITER_POOL
 from assets.skeleton import keyword_index, skeleton_selection
-from lexgraph.indexing import corpus_index as ci
+from lexgraph.indexing import corpus_keywords, corpus_state
 from lexgraph.storage import lance_indexes
 from resources import IndexResource, LanceDBResource
 
@@ -25,19 +25,19 @@ def search_indexes(context: dg.AssetExecutionContext, index: IndexResource,
                    lancedb: LanceDBResource) -> dg.MaterializeResult:
     settings, store, files = index.settings(), lancedb.get(), index.corpus_files()
     indexed = store.indexed_hashes()  # the catalog this update is made from
-    digest = ci.catalog_digest(indexed)
+    digest = corpus_state.catalog_digest(indexed)
     chunks = store.count("chunks")
     common = {"chunks": chunks, "threshold": settings.lance_threshold, "query_backend": settings.query_backend,
               "catalog_digest": digest}
     if chunks == 0 or not settings.uses_lance(chunks):
         context.log.info(f"{chunks} chunks, below LEXGRAPH_LANCE_THRESHOLD={settings.lance_threshold}: queries "
                          "load the index into memory; no search indexes built")
-        files.record_built(ci.SEARCH_INDEXES, digest, settings)
+        files.record_built(corpus_state.SEARCH_INDEXES, digest, settings)
         return dg.MaterializeResult(metadata={**common, "decision": "below threshold: none"})
     extract = index.extract_store()
-    links = lance_indexes.DocumentLinks(indexed, lambda docs: ci.keyword_chunk_links(extract, docs))
+    links = lance_indexes.DocumentLinks(indexed, lambda docs: corpus_keywords.keyword_chunk_links(extract, docs))
     report = lance_indexes.refresh(store, files.root, links)
-    files.record_built(ci.SEARCH_INDEXES, digest, settings)  # last: a crash before it leaves the step out of step
+    files.record_built(corpus_state.SEARCH_INDEXES, digest, settings)  # last: a crash before it leaves the step out of step
     context.log.info(f"search indexes: {report['decision']} over {chunks} chunks in {report['seconds']} s")
     return dg.MaterializeResult(metadata={
         **common, "decision": report["decision"], "seconds": report["seconds"],

@@ -13,7 +13,7 @@ from assets.catalog import CORPUS, PER_DOCUMENT, spec_kwargs
 from assets.documents import (batch_metadata, data_version, describe_partitions, document_chunks, document_graph,
                               stored_hashes, with_output)
 from assets.partitions import GRAPH_WRITER_POOL, batched, documents, step_partition_keys
-from lexgraph.indexing import corpus_index as ci
+from lexgraph.indexing import corpus_keywords, corpus_skeleton, corpus_state, knn_state, knn_update
 from lexgraph.indexing import corpus_prefetch, pipeline
 from lexgraph.indexing.skeleton import skeleton_size
 from lexgraph.extract.keywords import chunk_keyword_pairs_query
@@ -81,7 +81,7 @@ def _corpus_version(context: dg.AssetExecutionContext, digest: str) -> dg.DataVe
     return dg.DataVersion(content_hash(f"{context.asset_key.to_user_string()}\n{code}\n{digest}"))
 
 
-def _built_from(files: ci.CorpusFiles, step: str) -> str:
+def _built_from(files: corpus_state.CorpusFiles, step: str) -> str:
     digest = files.built_digests().get(step)
     if digest is None:
         raise dg.Failure(f"{step} has not been built yet; run the build_corpus_index job")
@@ -104,17 +104,17 @@ def chunk_knn_graph(context: dg.AssetExecutionContext, index: IndexResource, lan
     store, files = index.extract_store(), index.corpus_files()
     store_vectors = lancedb.get()
     indexed = store_vectors.indexed_hashes()  # the catalog this build is made from
-    digest = ci.catalog_digest(indexed)
+    digest = corpus_state.catalog_digest(indexed)
     # what `lexgraph ingest` read ahead while the documents ran, where it still holds; the rest read now
     inputs = corpus_prefetch.knn_inputs(files, store_vectors, indexed)
     chunks, vectors = inputs.chunks, inputs.vectors
     settings = index.settings()
-    mode = ci.knn_mode(settings.knn_mode, chunks.height)
+    mode = knn_update.knn_mode(settings.knn_mode, chunks.height)
     # words are read only for chunks the saved state does not hold; saved while the graph is written
-    result = ci.update_knn(files, chunks, vectors, lambda wanted: ci.chunk_words(store, wanted),
+    result = knn_update.update_knn(files, chunks, vectors, lambda wanted: knn_update.chunk_words(store, wanted),
                            k=settings.knn_k, mode=mode, loaded=inputs.loaded, save=False)
     with kuzu.writer() as graph:
-        written = ci.write_similarity_edges(files, graph, result)
+        written = knn_update.write_similarity_edges(files, graph, result)
     isolated = result.isolated
     files.record_built("chunk_knn_graph", digest, index.settings())
     return dg.MaterializeResult(
@@ -158,12 +158,12 @@ def _histogram(values: np.ndarray, bins: int = 12) -> str:
 def chunk_pagerank(context: dg.AssetExecutionContext, index: IndexResource) -> dg.MaterializeResult:
     files = index.corpus_files()
     digest = _built_from(files, "chunk_knn_graph")
-    edges = ci.read_edges(files)
+    edges = knn_state.read_edges(files)
     if edges is None:
         raise dg.Failure("the KNN graph's saved edges are missing or of another save than its chunks; "
                          "run chunk_knn_graph again")
     chunks = pl.read_parquet(files.knn_corpus, columns=["chunk_id", "doc_id"])
-    ranks = ci.compute_pagerank(files, chunks, edges)
+    ranks = corpus_skeleton.compute_pagerank(files, chunks, edges)
     stored = pl.read_parquet(files.pagerank)
     total = float(stored["pagerank"].sum())
     ok = stored.height == chunks.height and (stored.height == 0 or (abs(total - 1) < 1e-6
@@ -200,7 +200,7 @@ def skeleton_selection(context: dg.AssetExecutionContext, index: IndexResource, 
     digest = _built_from(files, "chunk_pagerank")
     ranks = pl.read_parquet(files.pagerank)
     beta = index.settings().beta
-    result = ci.select(files, ranks, beta)
+    result = corpus_skeleton.select(files, ranks, beta)
     if result.selection.height:
         with kuzu.writer() as graph:
             graph.set_chunk_scores(result.selection)
@@ -241,11 +241,11 @@ def keyword_index(context: dg.AssetExecutionContext, index: IndexResource, lance
                   kuzu: KuzuResource, embedder: EmbedderResource) -> dg.MaterializeResult:
     store, files, vectors = index.extract_store(), index.corpus_files(), lancedb.get()
     indexed = vectors.indexed_hashes()  # the catalog this build is made from
-    digest = ci.catalog_digest(indexed)
+    digest = corpus_state.catalog_digest(indexed)
     doc_ids = sorted(indexed)
-    result = ci.update_keyword_index(files, store, doc_ids, embedder.get().dimension)
+    result = corpus_keywords.update_keyword_index(files, store, doc_ids, embedder.get().dimension)
     with kuzu.writer() as graph:
-        written = ci.write_keyword_index(files, store, graph, vectors, result)
+        written = corpus_keywords.write_keyword_index(files, store, graph, vectors, result)
         dangling = graph.query("MATCH (k:Keyword) WHERE NOT EXISTS { MATCH (k)-[:KEYWORD_IN]->(:Chunk) } "
                                "RETURN count(k) AS n")["n"][0]
     files.record_built("keyword_index", digest, index.settings())

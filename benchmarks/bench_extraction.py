@@ -35,7 +35,8 @@ import dagster as dg
 import polars as pl
 
 from lexgraph.indexing import lexical
-from lexgraph.indexing.corpus_index import CorpusFiles, read_selection_diff
+from lexgraph.indexing.corpus_skeleton import read_selection_diff
+from lexgraph.indexing.corpus_state import CorpusFiles
 from lexgraph.indexing.pipeline import CHUNKS, EXTRACTIONS
 from lexgraph.indexing.skeleton import DEFAULT_BETA, skeleton_size
 from lexgraph.ids import document_id

@@ -185,7 +185,7 @@ def indexed_copy(home: Path) -> Path:
     """A copy of a real index home (e.g. the LiHua-World cache, never written to) with the search indexes the
     corpus job's search_indexes asset builds, keyword links from its Extract store included; kept beside the
     bench caches and reused."""
-    from lexgraph.indexing import corpus_index as ci
+    from lexgraph.indexing import corpus_keywords
     from lexgraph.storage.extract_store import ExtractStore
 
     copy = CACHE / f"query-scale-copy-{home.parent.name}"
@@ -195,7 +195,7 @@ def indexed_copy(home: Path) -> Path:
     shutil.copytree(home, copy, symlinks=True)
     version = index_dir(copy)
     store = VectorStore(str(version / "lance"))
-    links = ci.keyword_chunk_links(ExtractStore(version / "extract"), sorted(store.indexed_hashes()))
+    links = corpus_keywords.keyword_chunk_links(ExtractStore(version / "extract"), sorted(store.indexed_hashes()))
     report = li.refresh(store, version / "corpus", links)
     (copy / "search_indexes.done").write_text(json.dumps(report))
     return copy

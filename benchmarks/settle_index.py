@@ -19,7 +19,7 @@ from datetime import timedelta
 
 import pyarrow as pa
 
-from lexgraph.indexing import corpus_index as ci
+from lexgraph.indexing import corpus_keywords, corpus_state, knn_state
 from lexgraph.indexing import lexical, lexical_diff
 from lexgraph.extract.embedder import Embedder
 from lexgraph.settings import Settings
@@ -35,31 +35,31 @@ def timed(label: str, step) -> None:
     print(f"{label}: {outcome} ({time.perf_counter() - started:.1f} s)", flush=True)
 
 
-def keyword_index(files: ci.CorpusFiles, dimension: int) -> str:
+def keyword_index(files: corpus_state.CorpusFiles, dimension: int) -> str:
     if files.keyword_index.exists():
         with pa.memory_map(str(files.keyword_index)) as source:
-            if ci.KEYWORD_BASE in (pa.ipc.open_file(source).schema.metadata or {}):
+            if corpus_keywords.KEYWORD_BASE in (pa.ipc.open_file(source).schema.metadata or {}):
                 return "already an Arrow base"
-    index, included, links = ci._load_keyword_index(files, dimension)
+    index, included, links = corpus_keywords._load_keyword_index(files, dimension)
     if included is None:
         return "no trusted index to rewrite (the next update rebuilds it)"
-    ci._write_keyword_index(files, index, included, links)
+    corpus_keywords._write_keyword_index(files, index, included, links)
     return f"{index.height} keywords rewritten as an Arrow base (deltas extend it)"
 
 
-def similar_schema(settings: Settings, files: ci.CorpusFiles) -> str:
+def similar_schema(settings: Settings, files: corpus_state.CorpusFiles) -> str:
     """The graph's SIMILAR in the current schema, holding the save's edges: opening a writer recreates a table
     of an older schema empty, and the save's edges are written back whole, as the next update would."""
-    previous = ci._read_json(files.similar_synced).get("generation")
+    previous = corpus_state.read_json(files.similar_synced).get("generation")
     with GraphStore.writer(settings.graph_path) as graph:
-        if ci.synced_similar_generation(files) is not None:
+        if knn_state.synced_similar_generation(files) is not None:
             return "already current"
-        saved, reason = ci.load_knn(files)
+        saved, reason = knn_state.load_knn(files)
         if saved is None or previous != saved.generation:
             return f"the graph did not hold the save's edges ({reason or 'no sync record'}): the next update writes them"
-        edges = ci.saved_edges(saved)
+        edges = knn_state.saved_edges(saved)
         graph.replace_similarity_edges(edges)
-    ci.record_similar_synced(files, saved.generation)
+    knn_state.record_similar_synced(files, saved.generation)
     return f"SIMILAR recreated in schema {SIMILAR_SCHEMA}, {edges.height} edges written"
 
 
@@ -72,7 +72,7 @@ def chunk_score_columns(vectors: VectorStore) -> str:
     return f"dropped {former} (the next corpus update writes chunk_scores)"
 
 
-def lexical_state(settings: Settings, files: ci.CorpusFiles, vectors: VectorStore, embedder) -> str:
+def lexical_state(settings: Settings, files: corpus_state.CorpusFiles, vectors: VectorStore, embedder) -> str:
     if (files.lexical_state / "state.json").exists():
         state, why = lexical_diff.load_state(files.lexical_state)
         if state is None:
@@ -95,7 +95,7 @@ def verified_extracts(settings: Settings, vectors: VectorStore) -> str:
     return f"record written, {len(problems)} document(s) with a problem"
 
 
-def keyword_links_record(files: ci.CorpusFiles) -> str:
+def keyword_links_record(files: corpus_state.CorpusFiles) -> str:
     path = files.root / lance_indexes.LINK_DOCS_FILE
     record, why = lance_indexes._read_record(path)
     if record is None:
@@ -106,9 +106,9 @@ def keyword_links_record(files: ci.CorpusFiles) -> str:
 
 def main() -> None:
     settings = Settings.from_env(home=sys.argv[1])
-    files, vectors = ci.CorpusFiles(settings.index_dir), VectorStore(settings.lance_uri)
+    files, vectors = corpus_state.CorpusFiles(settings.index_dir), VectorStore(settings.lance_uri)
     embedder = Embedder.shared(settings.embed_model)
-    timed("knn save", lambda: ci.resave_knn(files))
+    timed("knn save", lambda: knn_state.resave_knn(files))
     timed("graph's SIMILAR schema", lambda: similar_schema(settings, files))
     timed("chunk rows' score columns", lambda: chunk_score_columns(vectors))
     timed("keyword index", lambda: keyword_index(files, embedder.dimension))

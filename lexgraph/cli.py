@@ -64,7 +64,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     import polars as pl
 
-    from lexgraph.indexing.corpus_index import CorpusFiles
+    from lexgraph.indexing.corpus_state import CorpusFiles
     from lexgraph.storage.graph_store import GraphStore
     from lexgraph.storage.vector_store import VectorStore
 

@@ -6,7 +6,7 @@ from contextlib import contextmanager
 from functools import cached_property
 from typing import Iterator
 
-from lexgraph.indexing.corpus_index import CorpusFiles
+from lexgraph.indexing.corpus_state import CorpusFiles
 from lexgraph.settings import Settings
 from lexgraph.storage.extract_store import ExtractStore
 from lexgraph.storage.graph_store import GraphStore

@@ -15,7 +15,8 @@ import json
 import dagster as dg
 
 from lexgraph.indexing import lexical
-from lexgraph.indexing.corpus_index import CorpusFiles, read_selection_diff
+from lexgraph.indexing.corpus_skeleton import read_selection_diff
+from lexgraph.indexing.corpus_state import CorpusFiles
 from lexgraph.ids import short_hash
 from lexgraph.settings import Settings
 from lexgraph.storage.extract_store import ExtractStore

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from assets.partitions import documents
 from lexgraph import progress as stage_progress
 from lexgraph.indexing import corpus_prefetch
-from lexgraph.indexing.corpus_index import LEXICAL_GRAPH, CorpusFiles, solo_steps
+from lexgraph.indexing.corpus_state import LEXICAL_GRAPH, CorpusFiles, solo_steps
 from lexgraph.extract.embedder import reusing_recent_vectors
 from lexgraph.inbox import FileState, plan_reconcile, scan_folder
 from lexgraph.indexing.repair import drop_damaged_documents

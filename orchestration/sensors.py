@@ -14,7 +14,7 @@ from dagster._core.definitions.data_version import DATA_VERSION_TAG
 
 from assets.documents import inbox as inbox_asset
 from assets.partitions import documents
-from lexgraph.indexing.corpus_index import LEXICAL_GRAPH, SEARCH_INDEXES, catalog_digest, solo_steps, step_settings
+from lexgraph.indexing.corpus_state import LEXICAL_GRAPH, SEARCH_INDEXES, catalog_digest, solo_steps, step_settings
 from lexgraph.ids import short_hash
 from lexgraph.inbox import FileState, ReconcilePlan, ScanCache, scan_folder, scan_inbox, states_from_json
 from lexgraph.indexing.repair import drop_damaged_documents

@@ -15,7 +15,7 @@ import dagster as dg
 from pydantic import PrivateAttr
 
 from lexgraph.indexing import lexical
-from lexgraph.indexing.corpus_index import CorpusFiles
+from lexgraph.indexing.corpus_state import CorpusFiles
 from lexgraph.extract.extraction_cache import ExtractionCache
 from lexgraph.extract.schemas import Extractor
 from lexgraph.ledger import CostLedger

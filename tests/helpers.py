@@ -96,17 +96,18 @@ def load_chunk_nodes(graph: GraphStore, chunks: pl.DataFrame) -> None:
 
 def crash_keyword_update(root: Path, doc_ids: list[str], setup: str = ""):
     """update_keyword_index over root/index and root/extract (8-wide vectors) in a child process killed at
-    the KEYWORD_INDEX crash point; `setup` is Python run first with `ci` (corpus_index) imported."""
+    the KEYWORD_INDEX crash point; `setup` is Python run first with `corpus_keywords` imported."""
     import os
     import subprocess
     import sys
 
     from lexgraph import faults
 
-    script = ("import sys; from pathlib import Path; from lexgraph.indexing import corpus_index as ci; "
+    script = ("import sys; from pathlib import Path; from lexgraph.indexing import corpus_keywords; "
+              "from lexgraph.indexing.corpus_state import CorpusFiles; "
               "from lexgraph.storage.extract_store import ExtractStore\n"
               f"{setup}\n"
-              "root = Path(sys.argv[1]); ci.update_keyword_index(ci.CorpusFiles(root / 'index'), "
+              "root = Path(sys.argv[1]); corpus_keywords.update_keyword_index(CorpusFiles(root / 'index'), "
               "ExtractStore(root / 'extract'), sys.argv[2].split(','), 8)")
     env = {**os.environ, faults.CRASH_ENV: faults.KEYWORD_INDEX}
     return subprocess.run([sys.executable, "-c", script, str(root), ",".join(doc_ids)],

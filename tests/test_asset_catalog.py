@@ -15,7 +15,7 @@ import pytest
 
 from assets.catalog import GROUPS, TABLES, Table, columns_of, owners
 from lexgraph.indexing import lexical
-from lexgraph.indexing.corpus_index import CorpusFiles
+from lexgraph.indexing.corpus_state import CorpusFiles
 from lexgraph.settings import Settings
 from lexgraph.storage.extract_store import ExtractStore
 from lexgraph.storage.graph_store import GraphStore

@@ -76,7 +76,7 @@ def test_report_has_every_method_and_type(benched):
 
 def test_rerun_reuses_the_index_without_embedding(benched, capsys):
     corpus, home, out = benched
-    from lexgraph.indexing.corpus_index import CorpusFiles
+    from lexgraph.indexing.corpus_state import CorpusFiles
     from lexgraph.settings import Settings
 
     files = CorpusFiles(Settings.from_env(home=bench.prepare_corpus(corpus, home).index_home).index_dir)

@@ -5,7 +5,8 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from lexgraph.indexing.corpus_index import CORPUS_STEPS, RELOADED, CorpusFiles, catalog_digest, read_edges
+from lexgraph.indexing.corpus_state import CORPUS_STEPS, RELOADED, CorpusFiles, catalog_digest
+from lexgraph.indexing.knn_state import read_edges
 from lexgraph.settings import Settings
 from orchestration.definitions import build_definitions
 from orchestration.runner import ingest_folder

@@ -8,7 +8,7 @@ from pathlib import Path
 import dagster as dg
 import polars as pl
 
-from lexgraph.indexing.corpus_index import CorpusFiles
+from lexgraph.indexing.corpus_state import CorpusFiles
 from lexgraph.settings import Settings
 from lexgraph.storage.graph_store import GraphStore
 from lexgraph.storage.vector_store import VectorStore

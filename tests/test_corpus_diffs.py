@@ -8,8 +8,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from lexgraph.indexing import corpus_index as ci
-from lexgraph.indexing.corpus_index import CorpusFiles, update_knn
+from lexgraph.indexing import knn_state
+from lexgraph.indexing.corpus_state import CorpusFiles
+from lexgraph.indexing.knn_update import update_knn
 from lexgraph.indexing.knn import lexical_knn, semantic_knn
 from tests.helpers import clustered_corpus
 
@@ -130,8 +131,8 @@ def test_a_knn_state_of_the_older_format_or_with_its_edges_torn_off_is_not_trust
     # an older save: the vector column and no digests
     old = pl.read_parquet(files.knn_corpus).drop("vector_digest")
     table = old.to_arrow()
-    ci._write_table(files.knn_corpus, table.replace_schema_metadata(
-        {ci.KNN_GENERATION: ci._generation(files.knn_state).encode()}))
+    knn_state._write_table(files.knn_corpus, table.replace_schema_metadata(
+        {knn_state.KNN_GENERATION: knn_state._generation(files.knn_state).encode()}))
     assert update_knn(files, chunks, vectors, words, k=3).rebuilt
     # edges of another save: the lists are reused, but no diff is offered against those edges
     stale_edges = files.edges.read_bytes()

@@ -11,7 +11,8 @@ import polars as pl
 import pytest
 
 from lexgraph.indexing import corpus_prefetch
-from lexgraph.indexing.corpus_index import CorpusFiles, load_knn
+from lexgraph.indexing.corpus_state import CorpusFiles
+from lexgraph.indexing.knn_state import load_knn
 from lexgraph.settings import Settings
 from lexgraph.storage.vector_store import VectorStore
 from orchestration.runner import ingest_folder

@@ -19,7 +19,9 @@ import polars as pl
 import pytest
 
 from lexgraph import faults
-from lexgraph.indexing.corpus_index import CorpusFiles, update_knn, update_keyword_index
+from lexgraph.indexing.corpus_keywords import update_keyword_index
+from lexgraph.indexing.corpus_state import CorpusFiles
+from lexgraph.indexing.knn_update import update_knn
 from lexgraph.extract.keywords import keyword_stats
 from lexgraph.settings import Settings
 from lexgraph.storage.extract_store import ExtractStore

@@ -8,7 +8,7 @@ import pytest
 from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
 from dagster._core.loader import LoadingContextForTest
 
-from lexgraph.indexing import corpus_index as ci
+from lexgraph.indexing import corpus_keywords, corpus_skeleton
 from lexgraph.indexing import lexical, lexical_tables
 from lexgraph.indexing import pipeline
 from lexgraph.settings import Settings
@@ -227,7 +227,7 @@ def test_corpus_checks_fail_on_bad_output(tmp_path, home, instance, monkeypatch)
     folder.mkdir()
     (folder / "solo.md").write_text("# Solo\n\nAlpha Shipping signed contract C-1 with Bolt Engines in Bergen.\n")
     ingest_folder(folder, instance, home=str(home), progress=False, corpus=False)
-    compute_pagerank, select = ci.compute_pagerank, ci.select
+    compute_pagerank, select = corpus_skeleton.compute_pagerank, corpus_skeleton.select
 
     def unnormalised(files, chunks, edges):
         ranks = compute_pagerank(files, chunks, edges).with_columns(pl.col("pagerank") * 2)
@@ -239,9 +239,9 @@ def test_corpus_checks_fail_on_bad_output(tmp_path, home, instance, monkeypatch)
         files.write(files.skeleton, result.selection.with_columns(pl.lit(True).alias("selected")))
         return result
 
-    monkeypatch.setattr(ci, "compute_pagerank", unnormalised)
-    monkeypatch.setattr(ci, "select", select_all)
-    monkeypatch.setattr(ci, "keyword_chunk_links", lambda store, doc_ids: pl.DataFrame(
+    monkeypatch.setattr(corpus_skeleton, "compute_pagerank", unnormalised)
+    monkeypatch.setattr(corpus_skeleton, "select", select_all)
+    monkeypatch.setattr(corpus_keywords, "keyword_chunk_links", lambda store, doc_ids: pl.DataFrame(
         schema={"keyword": pl.String, "chunk_id": pl.String, "sentence_count": pl.Int32}))
     graph_frames = lexical_tables.lexical_graph_frames
 

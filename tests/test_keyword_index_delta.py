@@ -10,8 +10,9 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from lexgraph.indexing import corpus_index as ci
-from lexgraph.indexing.corpus_index import CorpusFiles, update_keyword_index, write_keyword_index
+from lexgraph.indexing import corpus_keywords
+from lexgraph.indexing.corpus_keywords import update_keyword_index, write_keyword_index
+from lexgraph.indexing.corpus_state import CorpusFiles
 from lexgraph.extract import keywords as kw
 from lexgraph.storage.extract_store import ExtractStore
 from lexgraph.storage.graph_store import GraphStore
@@ -47,8 +48,8 @@ def _clean(root: Path, store: ExtractStore, doc_ids: list[str]) -> pl.DataFrame:
 @pytest.fixture
 def deltas(monkeypatch):
     """Deltas for any base size, folded only past half the base."""
-    monkeypatch.setattr(ci, "KEYWORD_DELTA_MIN_BASE", 0)
-    monkeypatch.setattr(ci, "KEYWORD_DELTA_SHARE", 0.5)
+    monkeypatch.setattr(corpus_keywords, "KEYWORD_DELTA_MIN_BASE", 0)
+    monkeypatch.setattr(corpus_keywords, "KEYWORD_DELTA_SHARE", 0.5)
 
 
 def _delta(files: CorpusFiles) -> Path:
@@ -69,7 +70,7 @@ def test_one_document_added_writes_a_delta_and_leaves_the_base_alone(tmp_path, d
     result = update_keyword_index(files, store, [f"doc{d}" for d in range(6)], DIM)
     assert result.added == ["doc5"] and _delta(files).exists()
     assert files.keyword_index.read_bytes() == base_bytes
-    assert _metadata(_delta(files))[ci.KEYWORD_DELTA_OF] == _metadata(files.keyword_index)[ci.KEYWORD_BASE]
+    assert _metadata(_delta(files))[corpus_keywords.KEYWORD_DELTA_OF] == _metadata(files.keyword_index)[corpus_keywords.KEYWORD_BASE]
     clean = _clean(tmp_path / "clean", store, [f"doc{d}" for d in range(6)])
     assert result.index.equals(clean) and result.keyword_count == clean.height
     again = update_keyword_index(files, store, [f"doc{d}" for d in range(6)], DIM)  # read back: base + delta
@@ -120,7 +121,7 @@ def test_update_killed_before_its_delta_is_written_is_redone_exactly_once(tmp_pa
     assert _delta(files).exists()
     _write_doc(store, "doc1", 99)
     final = ["doc0", "doc1", "doc2", "doc4", "doc5", "doc6"]  # doc1 changed, doc3 gone, doc6 new
-    crashed = crash_keyword_update(tmp_path, final, setup="ci.KEYWORD_DELTA_MIN_BASE = 0; ci.KEYWORD_DELTA_SHARE = 0.5")
+    crashed = crash_keyword_update(tmp_path, final, setup="corpus_keywords.KEYWORD_DELTA_MIN_BASE = 0; corpus_keywords.KEYWORD_DELTA_SHARE = 0.5")
     assert crashed.returncode == -9, crashed.stderr[-2000:]
     result = update_keyword_index(files, store, final, DIM)
     assert (result.added, result.updated, result.removed) == (["doc6"], ["doc1"], ["doc3"])
@@ -137,7 +138,7 @@ def test_a_delta_left_by_a_fold_killed_before_deleting_it_is_ignored(tmp_path, d
     update_keyword_index(files, store, [f"doc{d}" for d in range(5)], DIM)
     update_keyword_index(files, store, [f"doc{d}" for d in range(6)], DIM)
     stale = _delta(files).read_bytes()
-    monkeypatch.setattr(ci, "KEYWORD_DELTA_SHARE", 0.0)  # the next update folds
+    monkeypatch.setattr(corpus_keywords, "KEYWORD_DELTA_SHARE", 0.0)  # the next update folds
     folded = update_keyword_index(files, store, [f"doc{d}" for d in range(7)], DIM)
     assert folded.added == ["doc6"] and not _delta(files).exists()
     _delta(files).write_bytes(stale)  # as if killed between the base's replace and the delta's unlink
@@ -154,21 +155,21 @@ def test_a_damaged_delta_is_rebuilt_with_a_reason(tmp_path, deltas, damage):
     update_keyword_index(files, store, docs[:5], DIM)
     update_keyword_index(files, store, docs, DIM)
     path = _delta(files)
-    base_id = _metadata(files.keyword_index)[ci.KEYWORD_BASE].decode()
-    listed = {ci.KEYWORD_CONTRIBUTIONS: _metadata(path)[ci.KEYWORD_CONTRIBUTIONS],
-              ci.KEYWORD_LINKS: _metadata(path)[ci.KEYWORD_LINKS], ci.KEYWORD_DELTA_OF: base_id.encode()}
+    base_id = _metadata(files.keyword_index)[corpus_keywords.KEYWORD_BASE].decode()
+    listed = {corpus_keywords.KEYWORD_CONTRIBUTIONS: _metadata(path)[corpus_keywords.KEYWORD_CONTRIBUTIONS],
+              corpus_keywords.KEYWORD_LINKS: _metadata(path)[corpus_keywords.KEYWORD_LINKS], corpus_keywords.KEYWORD_DELTA_OF: base_id.encode()}
     if damage == "torn":
         path.write_bytes(b"ARROW1 torn")
     elif damage == "truncated":
         path.write_bytes(path.read_bytes()[:-100])
     elif damage == "other_width":
         rows = kw._stats_frame(np.array(["word0"]), np.ones((1, DIM + 1)), np.array([1]))
-        ci._arrow_write(path, rows, listed)
+        corpus_keywords._arrow_write(path, rows, listed)
     elif damage == "duplicate":
         rows = pl.read_ipc(path)
-        ci._arrow_write(path, pl.concat([rows, rows]), listed)
+        corpus_keywords._arrow_write(path, pl.concat([rows, rows]), listed)
     else:
-        ci._arrow_write(path, pl.read_ipc(path), {ci.KEYWORD_DELTA_OF: base_id.encode()})
+        corpus_keywords._arrow_write(path, pl.read_ipc(path), {corpus_keywords.KEYWORD_DELTA_OF: base_id.encode()})
     result = update_keyword_index(files, store, docs, DIM)
     assert result.rebuild_reason is not None and "delta" in result.rebuild_reason
     assert result.added == docs and result.previous_generation is None
@@ -213,10 +214,10 @@ def test_an_arrow_index_from_before_deltas_is_read_then_folded(tmp_path, deltas)
     docs = [f"doc{d}" for d in range(7)]
     built = update_keyword_index(files, store, docs[:5], DIM)
     listed = _metadata(files.keyword_index)
-    ci._arrow_write(files.keyword_index, built.index, {k: v for k, v in listed.items() if k != ci.KEYWORD_BASE})
+    corpus_keywords._arrow_write(files.keyword_index, built.index, {k: v for k, v in listed.items() if k != corpus_keywords.KEYWORD_BASE})
     result = update_keyword_index(files, store, docs[:6], DIM)
     assert result.added == ["doc5"] and result.rebuild_reason is None
-    assert ci.KEYWORD_BASE in _metadata(files.keyword_index) and not _delta(files).exists()
+    assert corpus_keywords.KEYWORD_BASE in _metadata(files.keyword_index) and not _delta(files).exists()
     assert result.index.equals(_clean(tmp_path / "clean6", store, docs[:6]))
     later = update_keyword_index(files, store, docs, DIM)
     assert later.added == ["doc6"] and _delta(files).exists()
@@ -230,7 +231,7 @@ def test_load_keyword_index_merges_base_and_delta(tmp_path, deltas):
     docs = [f"doc{d}" for d in range(6)]
     update_keyword_index(files, store, docs[:5], DIM)
     result = update_keyword_index(files, store, docs, DIM)
-    index, included, links = ci._load_keyword_index(files, DIM)
+    index, included, links = corpus_keywords._load_keyword_index(files, DIM)
     assert _delta(files).exists() and index.equals(result.index) and sorted(included) == docs
     assert links == result.link_counts
 
@@ -269,7 +270,7 @@ def _held(graph: GraphStore, vectors: VectorStore) -> tuple[set, list, dict]:
 @pytest.mark.slow  # five Kùzu graphs and LanceDB folders built
 def test_stores_written_from_deltas_equal_a_full_write(tmp_path, deltas, monkeypatch):
     """Keyword nodes, links and vectors written as diffs from delta updates equal a whole rewrite."""
-    monkeypatch.setattr(ci, "rewrite_is_cheaper", lambda changed, total: False)
+    monkeypatch.setattr(corpus_keywords, "rewrite_is_cheaper", lambda changed, total: False)
     store = _store(tmp_path, 8)
     files = CorpusFiles(tmp_path / "index")
     graph, vectors = _keyword_stores(tmp_path / "diffs", store, 8)
@@ -284,7 +285,7 @@ def test_stores_written_from_deltas_equal_a_full_write(tmp_path, deltas, monkeyp
         figures = write_keyword_index(files, store, graph, vectors, result)
         assert figures["keywords_rewritten"] is False, figures
         full_graph, full_vectors = _keyword_stores(tmp_path / f"whole{step}", store, 8)
-        full_graph.replace_keywords(result.index["keyword"], ci.keyword_chunk_links(store, docs))
+        full_graph.replace_keywords(result.index["keyword"], corpus_keywords.keyword_chunk_links(store, docs))
         full_vectors.replace_keywords(kw.keyword_vectors(result.index))
         assert _held(graph, vectors) == _held(full_graph, full_vectors)
         full_graph.close()

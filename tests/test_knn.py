@@ -5,7 +5,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from lexgraph.indexing import knn
+from lexgraph.indexing import knn, knn_vectors, knn_words
 from lexgraph.indexing.knn import lexical_knn, semantic_knn
 
 
@@ -13,10 +13,10 @@ from lexgraph.indexing.knn import lexical_knn, semantic_knn
 def blocks(request, monkeypatch):
     """Run each test with tiles smaller than the corpus too, so block merging is exercised."""
     if request.param == "tiny_blocks":
-        monkeypatch.setattr(knn, "_ROW_BLOCK", 37)
-        monkeypatch.setattr(knn, "_COL_BLOCK", 53)
-        monkeypatch.setattr(knn, "_WORD_ROW_BLOCK", 29)
-        monkeypatch.setattr(knn, "_PAIR_BLOCK", 41)
+        monkeypatch.setattr(knn_vectors, "_ROW_BLOCK", 37)
+        monkeypatch.setattr(knn_vectors, "_COL_BLOCK", 53)
+        monkeypatch.setattr(knn_words, "_WORD_ROW_BLOCK", 29)
+        monkeypatch.setattr(knn_vectors, "_PAIR_BLOCK", 41)
     return request.param
 
 
@@ -274,12 +274,12 @@ def test_spread_moves_rows_in_place_or_copies_and_both_place_every_row_where_the
                                         (np.array([0, 2, 1]), 4, False)):  # not increasing: copied
         rows = rng.integers(0, 1000, (len(old_to_new), 3)).astype(np.int32)
         owned = rows.copy()
-        grown = knn._spread(owned, old_to_new, total)
+        grown = knn_vectors._spread(owned, old_to_new, total)
         assert (grown is owned) == in_place and grown.shape == (total, 3)
         assert np.array_equal(grown[old_to_new], rows)
         # arrays another array may refer to, or not laid out row by row, are always copied
         view = np.zeros((len(old_to_new) + 2, 3), np.int32)[:len(old_to_new)]
         view[:] = rows
         for shared in (view, np.asfortranarray(rows)):
-            grown = knn._spread(shared, old_to_new, total)
+            grown = knn_vectors._spread(shared, old_to_new, total)
             assert grown is not shared and np.array_equal(grown[old_to_new], rows)

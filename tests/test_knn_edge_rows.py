@@ -9,16 +9,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lexgraph.indexing import corpus_index as ci
-from lexgraph.indexing.knn import EdgeRows
+from lexgraph.indexing import corpus_skeleton, corpus_state, knn_state, knn_update
+from lexgraph.indexing.knn_edges import EdgeRows
 from lexgraph.indexing.pagerank import pagerank, pagerank_of_positions
 from tests.test_knn_persist import corpus, sorted_edges
 
 
-def _saved(tmp_path, n: int = 120, mode: str = "exact") -> tuple[ci.CorpusFiles, ci.KnnResult]:
+def _saved(tmp_path, n: int = 120, mode: str = "exact") -> tuple[corpus_state.CorpusFiles, knn_update.KnnResult]:
     chunks, vectors, words = corpus(n, seed=3)
-    files = ci.CorpusFiles(tmp_path)
-    return files, ci.update_knn(files, chunks, vectors, words, k=4, mode=mode)
+    files = corpus_state.CorpusFiles(tmp_path)
+    return files, knn_update.update_knn(files, chunks, vectors, words, k=4, mode=mode)
 
 
 def _rewrite(path, table, **metadata: bytes) -> None:
@@ -32,7 +32,7 @@ def _rewrite(path, table, **metadata: bytes) -> None:
 def test_the_saved_positions_read_back_as_the_edges_of_the_update(tmp_path, mode):
     files, result = _saved(tmp_path, mode=mode)
     assert pq.read_schema(files.edges).field("src").type == pa.int32()  # no chunk id per edge
-    read = ci.read_edges(files)
+    read = knn_state.read_edges(files)
     assert read.height == result.edge_rows.height > 0
     assert sorted_edges(read.frame()).equals(sorted_edges(result.edges))
     assert read.counts_by_kind() == {kind: int(n) for kind, n in
@@ -41,23 +41,23 @@ def test_the_saved_positions_read_back_as_the_edges_of_the_update(tmp_path, mode
 
 def test_an_edges_file_of_chunk_ids_written_before_positions_reads_as_the_same_edges(tmp_path):
     files, result = _saved(tmp_path)
-    generation = pq.read_metadata(files.edges).metadata[ci.KNN_GENERATION].decode()
+    generation = pq.read_metadata(files.edges).metadata[knn_state.KNN_GENERATION].decode()
     # as the code before wrote it: polars, the generation in the file's key-value metadata only
     result.edges.write_parquet(files.edges, compression="lz4", statistics=False,
-                               metadata={ci.KNN_GENERATION.decode(): generation})
-    read = ci.read_edges(files)
+                               metadata={knn_state.KNN_GENERATION.decode(): generation})
+    read = knn_state.read_edges(files)
     assert sorted_edges(read.frame()).equals(sorted_edges(result.edges))
     chunks = pl.read_parquet(files.knn_corpus, columns=["chunk_id", "doc_id"])
-    assert np.allclose(ci.compute_pagerank(files, chunks, read)["pagerank"].to_numpy(),
-                       ci.compute_pagerank(files, chunks, result.edge_rows)["pagerank"].to_numpy())
+    assert np.allclose(corpus_skeleton.compute_pagerank(files, chunks, read)["pagerank"].to_numpy(),
+                       corpus_skeleton.compute_pagerank(files, chunks, result.edge_rows)["pagerank"].to_numpy())
 
 
 def test_an_edges_file_of_another_save_is_not_read(tmp_path):
     files, _ = _saved(tmp_path)
-    _rewrite(files.edges, pq.read_table(files.edges), **{ci.KNN_GENERATION.decode(): b"another"})
-    assert ci.read_edges(files) is None
+    _rewrite(files.edges, pq.read_table(files.edges), **{knn_state.KNN_GENERATION.decode(): b"another"})
+    assert knn_state.read_edges(files) is None
     files.edges.unlink()
-    assert ci.read_edges(files) is None
+    assert knn_state.read_edges(files) is None
 
 
 def test_edges_naming_rows_beyond_the_saved_chunks_are_refused(tmp_path):
@@ -65,10 +65,10 @@ def test_edges_naming_rows_beyond_the_saved_chunks_are_refused(tmp_path):
     table = pq.read_table(files.edges)
     _rewrite(files.edges, table.set_column(0, "src", pa.array(np.full(table.num_rows, 10_000, dtype=np.int32))))
     with pytest.raises(ValueError, match="beyond the 120 chunks"):
-        ci.read_edges(files)
-    _rewrite(files.edges, table, **{ci.EDGE_KINDS_KEY.decode(): b"semantic,other"})
+        knn_state.read_edges(files)
+    _rewrite(files.edges, table, **{knn_state.EDGE_KINDS_KEY.decode(): b"semantic,other"})
     with pytest.raises(ValueError, match="edge kinds"):
-        ci.read_edges(files)
+        knn_state.read_edges(files)
 
 
 def test_pagerank_of_positions_is_pagerank_of_the_ids_they_stand_for():
@@ -85,9 +85,9 @@ def test_pagerank_refuses_edges_of_other_chunks_and_edges_of_two_lists_do_not_jo
     files, result = _saved(tmp_path)
     chunks = pl.read_parquet(files.knn_corpus, columns=["chunk_id", "doc_id"])
     with pytest.raises(ValueError, match="not of these chunks"):
-        ci.compute_pagerank(files, chunks.head(119), result.edge_rows)
+        corpus_skeleton.compute_pagerank(files, chunks.head(119), result.edge_rows)
     with pytest.raises(ValueError, match="not of these chunks"):
-        ci.compute_pagerank(files, chunks.with_columns(pl.col("chunk_id").str.replace("^", "x")), result.edge_rows)
+        corpus_skeleton.compute_pagerank(files, chunks.with_columns(pl.col("chunk_id").str.replace("^", "x")), result.edge_rows)
     rows = result.edge_rows
     other = EdgeRows(rows.chunk_ids[::-1].copy(), rows.src, rows.dst, rows.kind, rows.weight)
     with pytest.raises(ValueError, match="different chunk lists"):
@@ -103,8 +103,8 @@ def test_chunk_pagerank_fails_with_the_reason_when_the_saved_edges_are_of_anothe
     from lexgraph.settings import Settings
 
     ingest_folder(tiny_corpus, instance, home=str(home), progress=False)
-    files = ci.CorpusFiles(Settings.from_env(home=home).index_dir)
-    _rewrite(files.edges, pq.read_table(files.edges), **{ci.KNN_GENERATION.decode(): b"another"})
+    files = corpus_state.CorpusFiles(Settings.from_env(home=home).index_dir)
+    _rewrite(files.edges, pq.read_table(files.edges), **{knn_state.KNN_GENERATION.decode(): b"another"})
     defs = build_definitions(Settings.from_env(home=home, inbox=tiny_corpus))
     result = dg.materialize([chunk_pagerank], instance=instance, resources=defs.resources, raise_on_error=False)
     assert not result.success

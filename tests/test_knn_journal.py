@@ -10,8 +10,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from lexgraph.indexing import corpus_index as ci
-from lexgraph.indexing.corpus_index import CorpusFiles, update_knn
+from lexgraph.indexing import knn_state, knn_update
+from lexgraph.indexing.corpus_state import CorpusFiles
+from lexgraph.indexing.knn_update import update_knn
 from lexgraph.indexing.knn import semantic_knn
 from tests.helpers import clustered_corpus
 
@@ -22,7 +23,7 @@ def corpus(n: int, seed: int = 3) -> tuple[pl.DataFrame, np.ndarray, pl.DataFram
     return clustered_corpus(n, seed, doc_size=2, vocabulary=60)
 
 
-def update(files: CorpusFiles, n: int, data, drop: tuple[str, ...] = ()) -> ci.KnnResult:
+def update(files: CorpusFiles, n: int, data, drop: tuple[str, ...] = ()) -> knn_update.KnnResult:
     chunks, vectors, words = data
     keep = ~chunks["doc_id"].is_in(list(drop)).to_numpy() & (np.arange(len(vectors)) < n)
     return update_knn(files, chunks.filter(pl.Series(keep)), vectors[keep], words, k=5, mode="approx")
@@ -33,9 +34,9 @@ def index_bytes(index) -> bytes:
 
 
 def saved_index(files: CorpusFiles, generation: str):
-    saved, reason = ci.load_knn(files)
+    saved, reason = knn_state.load_knn(files)
     assert saved is not None and saved.generation == generation, reason
-    ann, problem, base = ci._load_ann(files, saved, np.ones(saved.corpus.height, dtype=bool))
+    ann, problem, base = knn_state.load_ann(files, saved, np.ones(saved.corpus.height, dtype=bool))
     assert problem is None, problem
     return ann, base
 
@@ -48,7 +49,7 @@ def test_a_journal_replays_to_the_index_a_whole_save_holds(tmp_path):
     assert base_file.exists()
     # the graph the next add works on, kept in memory: restored from the whole file, then the two chunks added
     (index, faiss_ids), _ = saved_index(files, first.generation)
-    saved, _ = ci.load_knn(files)
+    saved, _ = knn_state.load_knn(files)
     chunks, vectors, _ = data
     in_memory = semantic_knn(chunks["chunk_id"].to_list()[:BASE], vectors[:BASE], k=5, mode="approx",
                              state=saved.lists["semantic"], ann_index=(index, faiss_ids))
@@ -60,7 +61,7 @@ def test_a_journal_replays_to_the_index_a_whole_save_holds(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("corpus/knn_hnsw*")) == sorted(
         [base_file.name, files.ann_journal(second.generation).name])
     (replayed, replayed_ids), base = saved_index(files, second.generation)
-    assert base == ci.AnnBase(first.generation, BASE, (2,))
+    assert base == knn_state.AnnBase(first.generation, BASE, (2,))
     assert index_bytes(replayed) == index_bytes(in_memory.ann_index()[0])
     assert np.array_equal(replayed_ids, in_memory.ann_index()[1])
 
@@ -68,7 +69,7 @@ def test_a_journal_replays_to_the_index_a_whole_save_holds(tmp_path):
     third = update(files, BASE + 5, data, drop=("d000",))
     assert third.ann_index == "loaded" and third.semantic.removed == 2 and third.semantic.added == 3
     (_, _), base = saved_index(files, third.generation)
-    assert base == ci.AnnBase(first.generation, BASE, (2, 3))
+    assert base == knn_state.AnnBase(first.generation, BASE, (2, 3))
     assert sorted(p.name for p in tmp_path.glob("corpus/knn_hnsw*")) == sorted(
         [base_file.name, files.ann_journal(third.generation).name])
     # more than the journal's share since the whole file: written whole again, the base and journal deleted
@@ -157,9 +158,9 @@ def test_a_journal_that_does_not_fit_its_base_is_refused_with_the_reason(tmp_pat
     listed = lambda t: t.schema.metadata  # noqa: E731
     if damage == "no_base":
         _rewritten(journal, lambda t: t.replace_schema_metadata(
-            {k: v for k, v in listed(t).items() if k not in (ci.ANN_BASE, ci.ANN_BASE_TOTAL)}))
+            {k: v for k, v in listed(t).items() if k not in (knn_state.ANN_BASE, knn_state.ANN_BASE_TOTAL)}))
     elif damage == "base_total":
-        _rewritten(journal, lambda t: t.replace_schema_metadata({**listed(t), ci.ANN_BASE_TOTAL: str(BASE + 1).encode()}))
+        _rewritten(journal, lambda t: t.replace_schema_metadata({**listed(t), knn_state.ANN_BASE_TOTAL: str(BASE + 1).encode()}))
     elif damage == "dimension":
         def narrower(t):
             flat = t.column("vector").combine_chunks().values.to_numpy().reshape(t.num_rows, -1)[:, :-1]
@@ -184,5 +185,5 @@ def test_a_journal_is_not_written_for_batches_the_index_does_not_hold(tmp_path):
     index = faiss.IndexHNSWFlat(4, 8)
     index.add(np.eye(4, dtype=np.float32))
     with pytest.raises(RuntimeError, match="the index holds 1 vectors beyond its base, its batches 2"):
-        ci._write_journal(files, "g", index, ci.AnnBase("base", 3, (2,)))
+        knn_state._write_journal(files, "g", index, knn_state.AnnBase("base", 3, (2,)))
     assert not files.ann_journal("g").exists()

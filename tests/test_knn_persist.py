@@ -10,8 +10,9 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from lexgraph.indexing import corpus_index as ci
-from lexgraph.indexing.corpus_index import CorpusFiles, edge_diff, update_knn
+from lexgraph.indexing import knn_state
+from lexgraph.indexing.corpus_state import CorpusFiles
+from lexgraph.indexing.knn_update import edge_diff, update_knn
 from lexgraph.indexing.knn import edge_changes, lexical_knn, semantic_knn
 
 
@@ -40,8 +41,8 @@ def test_a_restored_state_updates_like_a_build_from_scratch(tmp_path, mode):
     chunks, vectors, words = corpus(300)
     files = CorpusFiles(tmp_path)
     update_knn(files, chunks.head(240), vectors[:240], words, k=5, mode=mode)
-    assert json.loads(pq.read_table(files.knn_corpus).column("settings")[0].as_py())["format"] == ci.KNN_FORMAT
-    assert set(pq.read_schema(files.knn_state).names) == set(ci.KNN_STATE_SCHEMA)
+    assert json.loads(pq.read_table(files.knn_corpus).column("settings")[0].as_py())["format"] == knn_state.KNN_FORMAT
+    assert set(pq.read_schema(files.knn_state).names) == set(knn_state.KNN_STATE_SCHEMA)
     # two documents gone, a kept chunk re-embedded, sixty chunks new
     keep = ~chunks["doc_id"].is_in(["d003", "d011"]).to_numpy()
     moved = vectors.copy()
@@ -156,7 +157,7 @@ def test_a_damaged_torn_or_foreign_state_is_rebuilt_with_the_reason(tmp_path, da
     elif damage == "neighbour_out_of_range":
         table = pq.read_table(files.knn_state)
         frame = pl.from_arrow(table).with_columns(pl.col("semantic_neighbors").list.eval(pl.element() + 10_000))
-        ci._write_table(files.knn_state, frame.to_arrow().replace_schema_metadata(table.schema.metadata))
+        knn_state._write_table(files.knn_state, frame.to_arrow().replace_schema_metadata(table.schema.metadata))
     elif damage in ("neighbour_is_itself", "similarity_not_finite"):
         table = pq.read_table(files.knn_state)
         frame = pl.from_arrow(table).with_row_index("row")
@@ -165,11 +166,11 @@ def test_a_damaged_torn_or_foreign_state_is_rebuilt_with_the_reason(tmp_path, da
                  frame.with_columns(pl.concat_list(pl.lit(float("nan")), pl.col("semantic_sims").list.slice(1))
                                     .alias("semantic_sims")))
         frame = frame.drop("row")
-        ci._write_table(files.knn_state, frame.to_arrow().cast(table.schema).replace_schema_metadata(table.schema.metadata))
+        knn_state._write_table(files.knn_state, frame.to_arrow().cast(table.schema).replace_schema_metadata(table.schema.metadata))
     elif damage == "unknown_format":
         table = pq.read_table(files.knn_corpus)
         frame = pl.from_arrow(table).with_columns(pl.lit(json.dumps({"k": 4, "mode": "exact", "format": 99})).alias("settings"))
-        ci._write_table(files.knn_corpus, frame.to_arrow().replace_schema_metadata(table.schema.metadata))
+        knn_state._write_table(files.knn_corpus, frame.to_arrow().replace_schema_metadata(table.schema.metadata))
     result = update_knn(files, chunks, vectors, words, k=k)
     assert result.rebuilt and reason in result.rebuild_reason, result.rebuild_reason
     assert result.edge_changes is None  # the graph's edges are then written whole
@@ -182,7 +183,7 @@ def test_a_damaged_torn_or_foreign_state_is_rebuilt_with_the_reason(tmp_path, da
 
 def _as_format_2(files: CorpusFiles, words: pl.DataFrame) -> None:
     """Write the current save the way format 2 did: lists by chunk id, words as strings."""
-    saved, _ = ci.load_knn(files)
+    saved, _ = knn_state.load_knn(files)
     generation = saved.generation
     ids = saved.lists["semantic"].chunk_ids
     state = []
@@ -197,7 +198,7 @@ def _as_format_2(files: CorpusFiles, words: pl.DataFrame) -> None:
                         (files.knn_corpus, corpus.select("chunk_id", "doc_id", "vector_digest", "words", "ann_id",
                                                          "settings"))):
         table = frame.to_arrow()
-        ci._write_table(path, table.replace_schema_metadata({ci.KNN_GENERATION: generation.encode()}))
+        knn_state._write_table(path, table.replace_schema_metadata({knn_state.KNN_GENERATION: generation.encode()}))
     files.knn_vocabulary.unlink()
 
 
@@ -210,7 +211,7 @@ def test_a_format_2_state_is_read_once_and_saved_as_format_3(tmp_path, mode):
     result = update_knn(files, chunks, vectors, words, k=4, mode=mode)
     assert not result.rebuilt and result.semantic.added == 40 and result.words_read == 40
     assert result.edge_changes is not None  # the graph gets a diff, not a rewrite
-    assert json.loads(pq.read_table(files.knn_corpus).column("settings")[0].as_py())["format"] == ci.KNN_FORMAT
+    assert json.loads(pq.read_table(files.knn_corpus).column("settings")[0].as_py())["format"] == knn_state.KNN_FORMAT
     # the same as the update of a format-3 save of the same lists
     expected = update_knn(CorpusFiles(tmp_path / "reference"), chunks, vectors, words, k=4, mode=mode)
     assert same_edges(result.edges, expected.edges)
@@ -220,18 +221,18 @@ def test_a_format_2_state_is_read_once_and_saved_as_format_3(tmp_path, mode):
 
 def test_resave_rewrites_a_format_2_state_unchanged_and_keeps_the_graph_in_sync(tmp_path):
     files, chunks, vectors, words = _save(tmp_path, "approx")
-    before = sorted_edges(ci.read_edges(files).frame())
-    saved, _ = ci.load_knn(files)
-    ci.record_similar_synced(files, saved.generation)  # the graph holds this save's edges
+    before = sorted_edges(knn_state.read_edges(files).frame())
+    saved, _ = knn_state.load_knn(files)
+    knn_state.record_similar_synced(files, saved.generation)  # the graph holds this save's edges
     _as_format_2(files, words)
-    message = ci.resave_knn(files)
+    message = knn_state.resave_knn(files)
     assert message.startswith("rewritten in format 3"), message
-    assert sorted_edges(ci.read_edges(files).frame()).equals(before)
-    migrated, reason = ci.load_knn(files)
-    assert reason == "" and migrated.settings["format"] == ci.KNN_FORMAT
-    assert ci.synced_similar_generation(files) == migrated.generation
+    assert sorted_edges(knn_state.read_edges(files).frame()).equals(before)
+    migrated, reason = knn_state.load_knn(files)
+    assert reason == "" and migrated.settings["format"] == knn_state.KNN_FORMAT
+    assert knn_state.synced_similar_generation(files) == migrated.generation
     assert [p.name for p in files.root.glob("knn_hnsw.*.faiss")] == [files.ann_index(migrated.generation).name]
-    assert ci.resave_knn(files) == "nothing rewritten: already in the current format"
+    assert knn_state.resave_knn(files) == "nothing rewritten: already in the current format"
     # and the next update starts from it with the saved HNSW index
     result = update_knn(files, chunks, vectors, words, k=4, mode="approx")
     assert not result.rebuilt and result.ann_index == "loaded" and result.edge_changes is not None

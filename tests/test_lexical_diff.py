@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from lexgraph.indexing import lexical, lexical_tables
-from lexgraph.indexing.corpus_index import CorpusFiles
+from lexgraph.indexing.corpus_state import CorpusFiles
 from lexgraph.indexing.pipeline import (STATEMENTS, chunk_documents, embed_documents, load_graph, load_sources,
                                      purge_documents)
 from lexgraph.extract.nlp_extractor import NLPExtractor

@@ -11,7 +11,8 @@ import polars as pl
 import pytest
 
 from lexgraph.indexing import lexical
-from lexgraph.indexing.corpus_index import CorpusFiles, read_selection_diff
+from lexgraph.indexing.corpus_skeleton import read_selection_diff
+from lexgraph.indexing.corpus_state import CorpusFiles
 from lexgraph.extract.extraction_cache import ExtractionCache
 from lexgraph.extract.llm_extractor import OpenAIExtractor
 from lexgraph.extract.pii import PiiMaskingError, mask_pii

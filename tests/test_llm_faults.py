@@ -31,7 +31,7 @@ import polars as pl
 import pytest
 
 from lexgraph.indexing import lexical, lexical_tables, pipeline
-from lexgraph.indexing.corpus_index import CorpusFiles
+from lexgraph.indexing.corpus_state import CorpusFiles
 from lexgraph.extract.extraction_cache import ExtractionCache
 from lexgraph.extract.llm_client import CIRCUIT_OPEN, LLMFailure, StructuredLLM
 from lexgraph.extract.llm_config import LLMConfig

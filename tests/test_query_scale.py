@@ -194,14 +194,14 @@ def _links_table(store: VectorStore) -> dict[str, list[str]]:
 def test_keyword_links_are_updated_by_document_and_end_equal_to_a_rewrite(lance_home, tmp_path):
     """Removing, changing and re-adding documents touches only their keywords' rows, and the table always
     equals one written whole from the same catalog; a run repeated after a kill changes nothing."""
-    from lexgraph.indexing import corpus_index as ci
+    from lexgraph.indexing import corpus_keywords
 
     home = tmp_path / "index"
     shutil.copytree(lance_home, home)
     settings = Settings.from_env(home=home)
     store, extract, corpus = VectorStore(settings.lance_uri), ExtractStore(settings.extract_dir), tmp_path / "corpus"
     corpus.mkdir()
-    read = lambda docs: ci.keyword_chunk_links(extract, docs)  # noqa: E731
+    read = lambda docs: corpus_keywords.keyword_chunk_links(extract, docs)  # noqa: E731
     full = store.indexed_hashes()
     first = li.update_keyword_links(store, corpus, li.DocumentLinks(full, read))
     assert first["keyword_links_mode"] == "rewritten"

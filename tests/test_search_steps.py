@@ -2,7 +2,7 @@
 settings change or a crash stops it before its record, and then run alone (not the whole corpus job)."""
 import dagster as dg
 
-from lexgraph.indexing.corpus_index import CORPUS_STEPS, SEARCH_INDEXES, CorpusFiles, catalog_digest, solo_steps
+from lexgraph.indexing.corpus_state import CORPUS_STEPS, SEARCH_INDEXES, CorpusFiles, catalog_digest, solo_steps
 from lexgraph.settings import Settings
 from lexgraph.storage import lance_indexes
 from orchestration.runner import ingest_folder

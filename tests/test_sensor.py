@@ -5,7 +5,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from lexgraph.indexing.corpus_index import CorpusFiles, catalog_digest
+from lexgraph.indexing.corpus_state import CorpusFiles, catalog_digest
 from lexgraph.inbox import ScanCache
 from lexgraph.settings import Settings
 from orchestration.definitions import build_definitions

@@ -6,14 +6,15 @@ from __future__ import annotations
 import kuzu
 import polars as pl
 
-from lexgraph.indexing import corpus_index as ci
+from lexgraph.atomic_json import write_json
+from lexgraph.indexing import corpus_state, knn_state, knn_update
 from lexgraph.storage.graph_store import GraphStore
 from tests.helpers import clustered_corpus, load_chunk_nodes
 
 OLD_SIMILAR = "CREATE REL TABLE SIMILAR(FROM Chunk TO Chunk, kind STRING, weight DOUBLE)"
 
 
-def as_old_schema(path, edges: pl.DataFrame, files: ci.CorpusFiles, generation: str) -> None:
+def as_old_schema(path, edges: pl.DataFrame, files: corpus_state.CorpusFiles, generation: str) -> None:
     """What code before the kind code left: SIMILAR with string kinds holding `edges`, and its sync record."""
     db = kuzu.Database(str(path))
     conn = kuzu.Connection(db)
@@ -23,17 +24,17 @@ def as_old_schema(path, edges: pl.DataFrame, files: ci.CorpusFiles, generation: 
     conn.execute("COPY SIMILAR FROM $rows", {"rows": rows.to_arrow()})
     conn.close()
     db.close()
-    ci.write_json(files.similar_synced, {"generation": generation})
+    write_json(files.similar_synced, {"generation": generation})
 
 
 def old_schema_graph(tmp_path):
     """60 of 80 clustered chunks' KNN edges in an old-schema graph with its sync record."""
     chunks, vectors, words = clustered_corpus(80, seed=5, doc_size=10, vocabulary=40)
-    files, path = ci.CorpusFiles(tmp_path / "corpus"), tmp_path / "g.kuzu"
+    files, path = corpus_state.CorpusFiles(tmp_path / "corpus"), tmp_path / "g.kuzu"
     with GraphStore.writer(path) as graph:
         load_chunk_nodes(graph, chunks)
-        first = ci.update_knn(files, chunks.head(60), vectors[:60], words, k=4)
-        ci.write_similarity_edges(files, graph, first)
+        first = knn_update.update_knn(files, chunks.head(60), vectors[:60], words, k=4)
+        knn_update.write_similarity_edges(files, graph, first)
     as_old_schema(path, first.edges, files, first.generation)
     return chunks, vectors, words, files, path, first
 
@@ -54,24 +55,24 @@ def test_an_old_schema_graph_is_migrated_on_first_open_and_the_next_update_write
 
     with GraphStore.writer(path) as graph:  # e.g. the per-document run's load, before any corpus update
         assert kind_type(graph) == "UINT8" and graph.count("SIMILAR") == 0
-    assert ci.synced_similar_generation(files) is None  # the old record names edges the graph lost
+    assert knn_state.synced_similar_generation(files) is None  # the old record names edges the graph lost
 
     with GraphStore.writer(path) as graph:
         assert kind_type(graph) == "UINT8"
-        result = ci.update_knn(files, chunks, vectors, words, k=4)
+        result = knn_update.update_knn(files, chunks, vectors, words, k=4)
         assert result.edge_changes is not None  # the KNN state itself was kept
-        figures = ci.write_similarity_edges(files, graph, result)
+        figures = knn_update.write_similarity_edges(files, graph, result)
         assert figures["similar_edges_rewritten"] is True
         assert sorted(graph.similarity_edges().iter_rows()) == sorted(result.edges.iter_rows())
         assert set(graph.query("MATCH ()-[r:SIMILAR]->() RETURN DISTINCT r.kind AS k")["k"]) == {0, 1}
-    assert ci.synced_similar_generation(files) == result.generation
+    assert knn_state.synced_similar_generation(files) == result.generation
 
     # and the same as a graph written in the new schema from the start
-    fresh_files, fresh_path = ci.CorpusFiles(tmp_path / "fresh" / "corpus"), tmp_path / "fresh" / "g.kuzu"
+    fresh_files, fresh_path = corpus_state.CorpusFiles(tmp_path / "fresh" / "corpus"), tmp_path / "fresh" / "g.kuzu"
     with GraphStore.writer(fresh_path) as graph:
         load_chunk_nodes(graph, chunks)
         for n in (60, 80):
-            ci.write_similarity_edges(fresh_files, graph, ci.update_knn(fresh_files, chunks.head(n), vectors[:n],
+            knn_update.write_similarity_edges(fresh_files, graph, knn_update.update_knn(fresh_files, chunks.head(n), vectors[:n],
                                                                           words, k=4))
         assert sorted(graph.similarity_edges().iter_rows()) == sorted(result.edges.iter_rows())
 
@@ -86,10 +87,10 @@ def test_settle_index_migrates_a_cached_graph_so_the_next_update_writes_a_diff(t
     chunks, vectors, words, files, path, first = old_schema_graph(tmp_path)
     settings = SimpleNamespace(graph_path=str(path))
     assert settle_index.similar_schema(settings, files).startswith("SIMILAR recreated in schema 2")
-    assert ci.synced_similar_generation(files) == first.generation
+    assert knn_state.synced_similar_generation(files) == first.generation
     assert settle_index.similar_schema(settings, files) == "already current"
     with GraphStore.writer(path) as graph:
         assert sorted(graph.similarity_edges().iter_rows()) == sorted(first.edges.iter_rows())
-        result = ci.update_knn(files, chunks, vectors, words, k=4)
-        assert ci.write_similarity_edges(files, graph, result)["similar_edges_rewritten"] is False
+        result = knn_update.update_knn(files, chunks, vectors, words, k=4)
+        assert knn_update.write_similarity_edges(files, graph, result)["similar_edges_rewritten"] is False
         assert sorted(graph.similarity_edges().iter_rows()) == sorted(result.edges.iter_rows())

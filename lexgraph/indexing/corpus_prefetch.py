@@ -22,14 +22,14 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from lexgraph.indexing import corpus_index as ci
+from lexgraph.indexing import corpus_state, knn_state
 
 Signature = tuple[tuple[str, int, int, int], ...]
 # Documents whose vectors are read by name beside a read ahead; more than this, and all are read again.
 MAX_DOCUMENTS_READ = 500
 
 
-def _signature(files: ci.CorpusFiles) -> Signature:
+def _signature(files: corpus_state.CorpusFiles) -> Signature:
     """Every KNN file of the corpus state as it stands: every write replaces a file, so any write changes this."""
     found = []
     for path in sorted(files.root.glob("knn_*")):
@@ -46,7 +46,7 @@ class _ReadAhead:
     catalog: dict[str, str]  # doc_id -> content hash when the read began
     untouched: frozenset[str]  # documents this ingest neither adds, changes nor removes
     signature: Signature = ()
-    loaded: tuple[ci.SavedKnn | None, str] | None = None
+    loaded: tuple[knn_state.SavedKnn | None, str] | None = None
     chunks: pl.DataFrame | None = None
     vectors: np.ndarray | None = None
     error: str = ""
@@ -57,11 +57,11 @@ _reads: dict[Path, _ReadAhead] = {}
 _lock = threading.Lock()
 
 
-def _key(files: ci.CorpusFiles) -> Path:
+def _key(files: corpus_state.CorpusFiles) -> Path:
     return Path(os.path.abspath(files.root))
 
 
-def start(files: ci.CorpusFiles, store, catalog: dict[str, str], touched: set[str]) -> bool:
+def start(files: corpus_state.CorpusFiles, store, catalog: dict[str, str], touched: set[str]) -> bool:
     """Read the saved KNN state, its HNSW index and the vectors of the catalog's documents not in `touched`
     on a daemon thread. store: the index's VectorStore; catalog: doc_id -> content hash as indexed now.
     -> whether a read began (not when there is no saved state to read, or one is under way already)."""
@@ -77,10 +77,10 @@ def start(files: ci.CorpusFiles, store, catalog: dict[str, str], touched: set[st
     def read() -> None:
         try:
             ahead.signature = _signature(files)
-            saved, reason = ci.load_knn(files)
+            saved, reason = knn_state.load_knn(files)
             if saved is not None and saved.settings.get("mode") == "approx":
                 try:
-                    saved.ann = ci.read_ann(files, saved.generation)
+                    saved.ann = knn_state.read_ann(files, saved.generation)
                 except Exception:  # noqa: BLE001 (the update reads it again and says what is wrong)
                     saved.ann = None
             ahead.loaded = (saved, reason)
@@ -98,7 +98,7 @@ def start(files: ci.CorpusFiles, store, catalog: dict[str, str], touched: set[st
 
 
 @contextlib.contextmanager
-def reading_ahead(files: ci.CorpusFiles, store, catalog: dict[str, str], touched: set[str]):
+def reading_ahead(files: corpus_state.CorpusFiles, store, catalog: dict[str, str], touched: set[str]):
     """start(), and the read ahead dropped when the block ends, used or not."""
     start(files, store, catalog, touched)
     try:
@@ -107,7 +107,7 @@ def reading_ahead(files: ci.CorpusFiles, store, catalog: dict[str, str], touched
         discard(files)
 
 
-def discard(files: ci.CorpusFiles) -> None:
+def discard(files: corpus_state.CorpusFiles) -> None:
     """Drop an unused read ahead (its memory) once the ingest is over."""
     with _lock:
         ahead = _reads.pop(_key(files), None)
@@ -115,7 +115,7 @@ def discard(files: ci.CorpusFiles) -> None:
         ahead.done.wait()
 
 
-def _take(files: ci.CorpusFiles) -> _ReadAhead | None:
+def _take(files: corpus_state.CorpusFiles) -> _ReadAhead | None:
     with _lock:
         ahead = _reads.pop(_key(files), None)
     if ahead is not None:
@@ -127,11 +127,11 @@ def _take(files: ci.CorpusFiles) -> _ReadAhead | None:
 class KnnInputs:
     chunks: pl.DataFrame  # chunk_id, doc_id of the catalog's chunks, aligned with vectors
     vectors: np.ndarray
-    loaded: tuple[ci.SavedKnn | None, str]  # what load_knn gives
+    loaded: tuple[knn_state.SavedKnn | None, str]  # what load_knn gives
     read_ahead: str  # what was used from a read ahead, for the step's metadata
 
 
-def knn_inputs(files: ci.CorpusFiles, store, indexed: dict[str, str]) -> KnnInputs:
+def knn_inputs(files: corpus_state.CorpusFiles, store, indexed: dict[str, str]) -> KnnInputs:
     """The catalog's chunks with their vectors and the saved KNN state: from a read ahead where it still holds,
     the rest read now (the saved state read beside the vectors). indexed: doc_id -> content hash."""
     ahead = _take(files)
@@ -142,7 +142,7 @@ def knn_inputs(files: ci.CorpusFiles, store, indexed: dict[str, str]) -> KnnInpu
             reused = set()
     state_current = ahead is not None and not ahead.error and _signature(files) == ahead.signature
     with ThreadPoolExecutor(1) as pool:
-        loading = None if state_current else pool.submit(ci.load_knn, files)
+        loading = None if state_current else pool.submit(knn_state.load_knn, files)
         if reused:
             chunks, vectors = _with_vectors_of(store, ahead, reused, [d for d in indexed if d not in reused])
         else:

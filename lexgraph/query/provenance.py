@@ -7,7 +7,7 @@ from typing import Sequence
 
 import polars as pl
 
-from lexgraph.indexing.corpus_index import catalog_digest
+from lexgraph.indexing.corpus_state import catalog_digest
 from lexgraph.indexing.pipeline import STATEMENTS
 from lexgraph.extract.source_texts import source_text
 from lexgraph.settings import Settings

@@ -22,7 +22,7 @@ import numpy as np
 import polars as pl
 import scipy.sparse as sp
 
-from lexgraph.indexing import corpus_index as ci
+from lexgraph.indexing import corpus_keywords, corpus_state, knn_state
 from lexgraph.extract.keywords import sentence_keywords
 from lexgraph.query import graph_channels, path_channel
 from lexgraph.query.bm25 import BM25, tokenize
@@ -71,7 +71,7 @@ def load_index(settings: Settings, params: RetrievalParams | None = None) -> Ret
     if chunks.height == 0:
         raise ValueError(f"{settings.index_dir}: no chunks are indexed; ingest the corpus first")
     position = {chunk: i for i, chunk in enumerate(chunks["chunk_id"].to_list())}
-    files = ci.CorpusFiles(settings.index_dir)
+    files = corpus_state.CorpusFiles(settings.index_dir)
     extract = ExtractStore(settings.extract_dir)
     return RetrievalIndex(
         chunks=chunks, vectors=vectors,
@@ -108,7 +108,7 @@ def _load_keywords(store: VectorStore, extract: ExtractStore, chunks: pl.DataFra
     matrix = table.column("vector").combine_chunks().values.to_numpy().reshape(table.num_rows, -1).astype(np.float32)
     matrix /= np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
     lookup = {name: i for i, name in enumerate(names)}
-    links = ci.keyword_chunk_links(extract, chunks["doc_id"].unique().to_list())
+    links = corpus_keywords.keyword_chunk_links(extract, chunks["doc_id"].unique().to_list())
     links = links.filter(pl.col("keyword").is_in(names) & pl.col("chunk_id").is_in(list(position)))
     rows = [lookup[k] for k in links["keyword"].to_list()]
     cols = [position[c] for c in links["chunk_id"].to_list()]
@@ -119,8 +119,8 @@ def _load_keywords(store: VectorStore, extract: ExtractStore, chunks: pl.DataFra
     return KeywordGraph(names, lookup, matrix, graph, idf)
 
 
-def _load_neighbours(files: ci.CorpusFiles, position: dict[str, int]) -> sp.csr_matrix | None:
-    edges = ci.read_edges(files)
+def _load_neighbours(files: corpus_state.CorpusFiles, position: dict[str, int]) -> sp.csr_matrix | None:
+    edges = knn_state.read_edges(files)
     if edges is None or edges.height == 0:
         return None
     # the saved chunks' positions in this index (-1: not loaded here), then the edges between loaded chunks
@@ -137,7 +137,7 @@ def _load_neighbours(files: ci.CorpusFiles, position: dict[str, int]) -> sp.csr_
     return sp.diags(1 / np.maximum(totals, 1e-12)) @ graph
 
 
-def _load_pagerank(files: ci.CorpusFiles, position: dict[str, int]) -> np.ndarray | None:
+def _load_pagerank(files: corpus_state.CorpusFiles, position: dict[str, int]) -> np.ndarray | None:
     if not files.pagerank.exists():
         return None
     frame = pl.read_parquet(files.pagerank)

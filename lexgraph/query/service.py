@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from lexgraph.atomic_json import write_json
-from lexgraph.indexing.corpus_index import catalog_digest
+from lexgraph.indexing.corpus_state import catalog_digest
 from lexgraph.query.answer import Answer, ExtractiveAnswerer, LLMAnswerer
 from lexgraph.query.engine import ROUTE_CHOICES, QueryEngine, QueryParams, Retrieval
 from lexgraph.query.lance_backend import index_health, warm_lance

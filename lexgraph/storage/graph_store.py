@@ -159,7 +159,7 @@ class GraphStore:
     def _migrate_similar(self) -> None:
         """SIMILAR written with `kind STRING` is recreated empty in the current schema. Its edges come back
         whole with the next corpus update: the sync record names SIMILAR_SCHEMA, so older records are void
-        (lexgraph.indexing.corpus_index.synced_similar_generation), whether or not this process lives on."""
+        (lexgraph.indexing.knn_state.synced_similar_generation), whether or not this process lives on."""
         kind = self.conn.execute("CALL table_info('SIMILAR') WHERE name = 'kind' RETURN type").get_next()[0]
         if kind == "STRING":
             self._recreate("SIMILAR")
