@@ -1,5 +1,5 @@
 """The best k candidates per row are the same whether or not those that cannot make a row's top k are
-dropped first (as _top_k does above _FEW_CANDIDATES): ties and order included."""
+dropped first (as top_k does above _FEW_CANDIDATES): ties and order included."""
 from __future__ import annotations
 
 import numpy as np
