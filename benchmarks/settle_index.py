@@ -107,7 +107,7 @@ def keyword_links_record(files: corpus_state.CorpusFiles) -> str:
 def main() -> None:
     settings = Settings.from_env(home=sys.argv[1])
     files, vectors = corpus_state.CorpusFiles(settings.index_dir), VectorStore(settings.lance_uri)
-    embedder = Embedder.shared(settings.embed_model)
+    embedder = Embedder.shared(settings.embed_model, backend=settings.embed_backend)
     timed("knn save", lambda: knn_state.resave_knn(files))
     timed("graph's SIMILAR schema", lambda: similar_schema(settings, files))
     timed("chunk rows' score columns", lambda: chunk_score_columns(vectors))
