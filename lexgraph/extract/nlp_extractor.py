@@ -53,7 +53,7 @@ from lexgraph.extract.text_lines import Line, pieces, read_lines, trim
 from lexgraph.ids import short_hash
 
 RULES_VERSION = ("nlp-rules v1: en_core_web_sm 3.8.0 sentences, NER types, named noun chunks and heading names, "
-                 "proper-noun runs, dependency facts, "
+                 "proper-noun runs, compact timestamps, dependency facts, "
                  "pronoun subjects, fact relations, weak co-occurrence")
 DISABLED = ("lemmatizer",)  # the rest (tagger, attribute_ruler for POS, parser, ner) is used
 NER_TYPES: dict[str, str] = {
@@ -83,6 +83,8 @@ _PERSONAL = {"he": "person", "she": "person", "him": "person", "her": "person", 
 _DIGIT = re.compile(r"\d")
 _PREDICATE = re.compile(r"^[a-z'’][a-z'’-]*(?: [a-z'’-]+)*$")
 _LEADING = frozenset({"the", "a", "an"})
+# a compact timestamp, as chat logs and file names write dates: 20260924 or 20260924_17:00 (NER misses them)
+_COMPACT_DATE = re.compile(r"^(20\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01]))(?:[_T]\d{1,2}:\d{2}(?::\d{2})?)?$")
 _NAMED_POS = frozenset({"PROPN"})
 
 
@@ -118,13 +120,14 @@ def _clean_name(tokens) -> tuple[str, bool]:
     """The name the tokens spell, without a leading article or vessel prefix; and whether a prefix was there."""
     words = [t for t in tokens]
     vessel = False
-    while words and (words[0].lower_ in _LEADING or words[0].text in VESSEL_PREFIXES):
+    while words and (words[0].lower_ in _LEADING or words[0].text in VESSEL_PREFIXES or words[0].pos_ == "INTJ"
+                     or not any(c.isalnum() for c in words[0].text)):  # "Hey Jennifer", "🎉 Things"
         vessel = vessel or words[0].text in VESSEL_PREFIXES
         words = words[1:]
     if words and words[-1].text in ("'s", "’s"):
         words = words[:-1]
-    text = "".join(t.text_with_ws for t in words).strip().rstrip(".,;:!?")
-    return " ".join(text.split()), vessel
+    text = " ".join("".join(t.text_with_ws for t in words).strip().rstrip(".,;:!?").split())
+    return (text if len(text) > 1 else ""), vessel
 
 
 class NLPExtractor:
@@ -229,6 +232,11 @@ class NLPExtractor:
         """Named spans of the doc: NER entities (widened, cleaned), then named noun chunks not already covered."""
         found: list[_Mention] = []
         taken = [False] * len(doc)
+        for token in doc:
+            date = _COMPACT_DATE.match(token.text) if token.like_num or "_" in token.text else None
+            if date and not taken[token.i]:
+                found.append(_Mention(token.i, token.i + 1, date.group(1), "date"))
+                taken[token.i] = True
         for ent in doc.ents:
             kind = NER_TYPES.get(ent.label_)
             if kind is None or (kind == "date" and not _DIGIT.search(ent.text)):
