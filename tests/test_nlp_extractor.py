@@ -219,7 +219,8 @@ def test_chat_logs_keep_their_speakers(extractor):
     types = _types(extraction)
     for person in ("Jennifer Moore", "Li Hua", "Wolfgang Schulz", "Thrall"):
         assert types[person] == "person", person
-    assert "Time" not in types and "Hey" not in types
+    assert "Time" not in types and "Hey" not in types and not any(name.startswith("Hey") for name in types)
+    assert types["20260924"] == "date"  # the chat log's compact timestamp
     assert any(f.subject == "Li Hua" and f.object == "Berlin" for _, s in extraction.statements() for f in s.facts)
     assert any({r.source, r.target} == {"Jennifer Moore", "Wolfgang Schulz"} for r in extraction.relations)
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from lexgraph.extract import nlp as nlp_model
+from lexgraph.extract.dependency_facts import LEADING, SUBJECTS, VALUE_LABELS, SentenceFacts
 from lexgraph.extract.schemas import (
     ChunkExtraction,
     ChunkInput,
@@ -53,7 +54,7 @@ from lexgraph.extract.text_lines import Line, pieces, read_lines, trim
 from lexgraph.ids import short_hash
 
 RULES_VERSION = ("nlp-rules v1: en_core_web_sm 3.8.0 sentences, NER types, named noun chunks and heading names, "
-                 "proper-noun runs, dependency facts, "
+                 "proper-noun runs, compact timestamps, dependency facts, "
                  "pronoun subjects, fact relations, weak co-occurrence")
 DISABLED = ("lemmatizer",)  # the rest (tagger, attribute_ruler for POS, parser, ner) is used
 NER_TYPES: dict[str, str] = {
@@ -61,7 +62,6 @@ NER_TYPES: dict[str, str] = {
     "PRODUCT": "product", "EVENT": "event", "LAW": "contract", "DATE": "date", "TIME": "date", "MONEY": "money",
     "NORP": "other", "WORK_OF_ART": "other", "LANGUAGE": "other",
 }
-VALUE_LABELS = frozenset({"CARDINAL", "ORDINAL", "PERCENT", "QUANTITY", "DATE", "TIME", "MONEY"})
 HEAD_NOUN_TYPES: dict[str, str] = {
     **dict.fromkeys("contract agreement charter amendment award lease licence license policy".split(), "contract"),
     **dict.fromkeys("vessel ship tanker carrier ferry barge tug yacht trawler".split(), "vessel"),
@@ -70,19 +70,16 @@ HEAD_NOUN_TYPES: dict[str, str] = {
 VESSEL_PREFIXES = frozenset({"MV", "M/V", "MT", "M/T", "MS", "M/S", "SS", "RV", "FV", "HMS"})
 MENTION_CHARS = 160
 DESCRIPTION_CHARS = 240
-FACT_OBJECT_WORDS = 8
-MAX_FACTS_PER_SENTENCE = 8
 MAX_PAIR_ENTITIES = 12  # co-occurrence pairs are quadratic in a sentence's entities
 FACT_STRENGTH = 0.9
 CO_OCCURRENCE = "co-occurs with"
 TOPIC_PHRASES = 3
 MAX_LINE_CHARS = 20_000  # a longer line is parsed in pieces (spaCy's cost grows with a text's length)
 
-_SUBJECTS = frozenset({"nsubj", "nsubjpass"})
 _PERSONAL = {"he": "person", "she": "person", "him": "person", "her": "person", "it": "thing"}
 _DIGIT = re.compile(r"\d")
-_PREDICATE = re.compile(r"^[a-z'’][a-z'’-]*(?: [a-z'’-]+)*$")
-_LEADING = frozenset({"the", "a", "an"})
+# a compact timestamp, as chat logs and file names write dates: 20260924 or 20260924_17:00 (NER misses them)
+_COMPACT_DATE = re.compile(r"^(20\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01]))(?:[_T]\d{1,2}:\d{2}(?::\d{2})?)?$")
 _NAMED_POS = frozenset({"PROPN"})
 
 
@@ -118,13 +115,14 @@ def _clean_name(tokens) -> tuple[str, bool]:
     """The name the tokens spell, without a leading article or vessel prefix; and whether a prefix was there."""
     words = [t for t in tokens]
     vessel = False
-    while words and (words[0].lower_ in _LEADING or words[0].text in VESSEL_PREFIXES):
+    while words and (words[0].lower_ in LEADING or words[0].text in VESSEL_PREFIXES or words[0].pos_ == "INTJ"
+                     or not any(c.isalnum() for c in words[0].text)):  # "Hey Jennifer", "🎉 Things"
         vessel = vessel or words[0].text in VESSEL_PREFIXES
         words = words[1:]
     if words and words[-1].text in ("'s", "’s"):
         words = words[:-1]
-    text = "".join(t.text_with_ws for t in words).strip().rstrip(".,;:!?")
-    return " ".join(text.split()), vessel
+    text = " ".join("".join(t.text_with_ws for t in words).strip().rstrip(".,;:!?").split())
+    return (text if len(text) > 1 else ""), vessel
 
 
 class NLPExtractor:
@@ -229,6 +227,11 @@ class NLPExtractor:
         """Named spans of the doc: NER entities (widened, cleaned), then named noun chunks not already covered."""
         found: list[_Mention] = []
         taken = [False] * len(doc)
+        for token in doc:
+            date = _COMPACT_DATE.match(token.text) if token.like_num or "_" in token.text else None
+            if date and not taken[token.i]:
+                found.append(_Mention(token.i, token.i + 1, date.group(1), "date"))
+                taken[token.i] = True
         for ent in doc.ents:
             kind = NER_TYPES.get(ent.label_)
             if kind is None or (kind == "date" and not _DIGIT.search(ent.text)):
@@ -260,7 +263,7 @@ class NLPExtractor:
                 child.pos_ in _NAMED_POS or (child.is_title and child.i != child.sent.start)) for child in root.children)
             if not (named or modified):
                 continue
-            words = [t for t in chunk if t.pos_ in _NAMED_POS or t.is_title or t.i == root.i or t.lower_ in _LEADING
+            words = [t for t in chunk if t.pos_ in _NAMED_POS or t.is_title or t.i == root.i or t.lower_ in LEADING
                      or t.text in VESSEL_PREFIXES or (t.like_num and t.i > chunk.start)]
             if named and len(words) == 1 and root.i == root.sent.start:
                 continue  # one capitalised word opening a sentence is as often a greeting as a name
@@ -312,7 +315,7 @@ class NLPExtractor:
                 keys.append(resolved)
         statement = f"{line.speaker}: {text}" if line.speaker else text
         facts = self._facts(sent, at, entities, resolved)
-        root_subject = next((t for t in sent.root.children if t.dep_ in _SUBJECTS), None)
+        root_subject = next((t for t in sent.root.children if t.dep_ in SUBJECTS), None)
         subject_key = at.get(root_subject.i) if root_subject is not None else None
         if subject_key is None and replaced is not None:
             subject_key = resolved
@@ -325,7 +328,7 @@ class NLPExtractor:
     def _subject(self, sent, line: Line, at: dict[int, str], entities: dict[str, _Entity],
                  previous: tuple[str, str] | None):
         """(entity key, replaced token): the root's subject when it is a pronoun that plainly names someone."""
-        subject = next((t for t in sent.root.children if t.dep_ in _SUBJECTS), None)
+        subject = next((t for t in sent.root.children if t.dep_ in SUBJECTS), None)
         if subject is None or subject.pos_ != "PRON":
             return (at.get(subject.i) if subject is not None else None), None
         word = subject.lower_
@@ -344,93 +347,10 @@ class NLPExtractor:
 
     # -- facts --------------------------------------------------------------------------------
 
-    def _facts(self, sent, at: dict[int, str], entities: dict[str, _Entity],
+    @staticmethod
+    def _facts(sent, at: dict[int, str], entities: dict[str, _Entity],
                resolved: str | None) -> list[tuple[str, str, str]]:
-        facts: list[tuple[str, str, str]] = []
-        chunks = {t.i: chunk for chunk in sent.noun_chunks for t in chunk}
-
-        def name_of(token) -> str | None:
-            return at.get(token.i)
-
-        def object_of(token) -> str | None:
-            key = at.get(token.i)
-            if key is not None:
-                return key
-            if token.ent_type_ in VALUE_LABELS:
-                span = next((e for e in sent.ents if e.start <= token.i < e.end), None)
-                if span is not None:
-                    return span.text
-            if token.pos_ in ("NOUN", "PROPN", "NUM"):
-                chunk = chunks.get(token.i)
-                words = [t.text for t in (chunk if chunk is not None else [token]) if t.lower_ not in _LEADING
-                         and t.pos_ != "PRON"]
-                if words and len(words) <= FACT_OBJECT_WORDS:
-                    return " ".join(words)
-            return None
-
-        def add(subject: str, predicate: str, token) -> None:
-            predicate = " ".join(predicate.lower().split())
-            if not _PREDICATE.match(predicate):
-                return  # a parse that ran through punctuation or numbers is no predicate
-            for one in (token, *token.conjuncts):
-                value = object_of(one)
-                if value and value != subject and len(facts) < MAX_FACTS_PER_SENTENCE:
-                    facts.append((subject, predicate, value))
-
-        def verb_phrase(verb) -> str:
-            words = [c for c in verb.children if c.dep_ in ("aux", "auxpass", "neg") and c.i < verb.i]
-            words += [verb] + [c for c in verb.children if c.dep_ == "prt"]
-            return " ".join(t.text for t in sorted(words, key=lambda t: t.i))
-
-        def clause(verb, subject: str) -> None:
-            phrase = verb_phrase(verb)
-            for child in verb.children:
-                if child.dep_ in ("dobj", "dative", "oprd"):
-                    add(subject, phrase, child)
-                    for prep in (c for c in child.children if c.dep_ == "prep"):  # "signed the deal with X"
-                        for pobj in (c for c in prep.children if c.dep_ == "pobj"):
-                            add(subject, f"{phrase} {child.text} {prep.text}", pobj)
-                elif child.dep_ == "attr":
-                    preps = [c for c in child.children if c.dep_ == "prep"]
-                    if not (preps and child.pos_ == "NUM"):  # "was one of several goalkeepers": not "was one"
-                        add(subject, phrase, child)
-                    for prep in preps:
-                        head = [t.text for t in child.subtree if t.i < prep.i and t.lower_ not in _LEADING]
-                        for pobj in (c for c in prep.children if c.dep_ == "pobj"):
-                            add(subject, f"{phrase} {' '.join(head)} {prep.text}", pobj)
-                elif child.dep_ in ("prep", "agent"):
-                    for pobj in (c for c in child.children if c.dep_ == "pobj"):
-                        add(subject, f"{phrase} {child.text}", pobj)
-
-        for verb in [t for t in sent if t.pos_ in ("VERB", "AUX") and t.dep_ in ("ROOT", "conj", "relcl", "acl")]:
-            subject_token = next((c for c in verb.children if c.dep_ in _SUBJECTS), None)
-            subject = None
-            if subject_token is not None:
-                subject = name_of(subject_token)
-                if subject is None and subject_token.pos_ == "PRON" and verb.dep_ == "ROOT":
-                    subject = resolved
-            elif verb.dep_ == "conj":  # "founded in 1994 and is based in Oslo": the first verb's subject
-                first = next((c for c in verb.head.children if c.dep_ in _SUBJECTS), None)
-                subject = name_of(first) if first is not None else None
-                if subject is None and first is not None and first.pos_ == "PRON":
-                    subject = resolved
-            elif verb.dep_ in ("acl", "relcl"):  # "Bonetti (born ... in Putney)", "Vogt, who founded ..."
-                subject = name_of(verb.head)
-            if subject is not None:
-                clause(verb, subject)
-                for other in (subject_token.conjuncts if subject_token is not None else ()):  # "X and Y signed"
-                    if (name := name_of(other)) is not None and name != subject:
-                        clause(verb, name)
-        for token in sent:
-            if token.dep_ == "appos" and (subject := name_of(token.head)) is not None and name_of(token) != subject:
-                preps = [c for c in token.children if c.dep_ == "prep"]
-                if not preps:
-                    add(subject, "is", token)
-                for prep in preps:
-                    head = [t.text for t in token.subtree if t.i < prep.i and t.lower_ not in _LEADING]
-                    for pobj in (c for c in prep.children if c.dep_ == "pobj"):
-                        add(subject, f"is {' '.join(head)} {prep.text}", pobj)
-        return list(dict.fromkeys(facts))
+        return SentenceFacts(sent, at, resolved).read()
 
     def _table_row(self, line: Line, cell_docs: list, entities: dict[str, _Entity]) -> _Sentence:
         """A table row: the names in its cells are entities, and a cell that is one name is that entity (the
