@@ -13,7 +13,7 @@ Groups (Dagster group names are identifiers):
                   their own in Dagster: each shows on its asset's Checks tab.
 
 Column schemas: each table is described once, from the engine's own schema object (polars dtypes of
-lexgraph.indexing.pipeline / lexical_tables / knn / resolution, the Arrow schemas of the LanceDB tables, the Kùzu DDL).
+lexgraph.indexing.pipeline / lexical_tables / knn / entity_resolution, the Arrow schemas of the LanceDB tables, the Kùzu DDL).
 Three frames are built by the engine without a declared schema (a document's source row, the PageRank
 scores, the skeleton selection); they are declared here, and tests/test_asset_catalog.py checks every
 declared schema, these included, against the tables a real ingestion writes.
@@ -31,7 +31,7 @@ import pyarrow as pa
 from lexgraph.indexing import lexical_tables, pipeline
 from lexgraph.indexing.corpus_state import CorpusFiles
 from lexgraph.indexing.knn_state import KNN_STATE_SCHEMA, SAVED_EDGE_SCHEMA
-from lexgraph.indexing.resolution import MERGE_SCHEMA
+from lexgraph.indexing.entity_resolution import MERGE_SCHEMA
 from lexgraph.extract.keywords import OCCURRENCE_SCHEMA, empty_keyword_index
 from lexgraph.extract.source_texts import SOURCE_TEXT_SCHEMA, SOURCE_TEXTS
 from lexgraph.storage import graph_store, vector_store

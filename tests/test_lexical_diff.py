@@ -374,7 +374,7 @@ def test_a_document_that_splits_a_name_by_type_and_its_removal_equal_a_build_fro
     """The country Jordan arrives beside the person Jordan (a split), a second person document hands the name's id
     to the person, and the documents leave again until the split is undone: after each step the diff equals a
     build from nothing, and only documents whose rows of Jordan resolve anew are rewritten besides the changed."""
-    from lexgraph.indexing.resolution import entity_id
+    from lexgraph.indexing.name_keys import entity_id
 
     crew, news = put_scripted(index, "crew.txt", TYPED["crew.txt"]), put_scripted(index, "news.txt", TYPED["news.txt"])
     index.build()

@@ -7,21 +7,15 @@ import re
 import polars as pl
 import pytest
 
-from lexgraph.indexing.resolution import (
+from lexgraph.indexing.entity_resolution import (
     ENTITY_SCHEMA,
-    FACT_SCHEMA,
     MERGE_SCHEMA,
-    RELATION_SCHEMA,
-    entity_id,
     entity_ids_of_rows,
     entity_senses,
-    fact_id,
-    merge_reasons,
-    normalise_entity_name,
     resolve_entities,
-    resolve_facts,
-    resolve_relations,
 )
+from lexgraph.indexing.fact_resolution import FACT_SCHEMA, RELATION_SCHEMA, resolve_facts, resolve_relations
+from lexgraph.indexing.name_keys import entity_id, fact_id, merge_reasons, normalise_entity_name
 from lexgraph.extract.nlp_extractor import NLPExtractor
 from lexgraph.extract.schemas import ChunkInput
 

@@ -432,7 +432,7 @@ def flatten_extraction(row: dict, fact_id: Callable[[str, str, str], str],
 def flatten_documents(doc_ids: Iterable[str], store: ExtractStore, progress: Progress | None = None) -> StageResult:
     """Write each document's statements, topics, facts, entities and relations from its extractions.
     Figures per document: one count per table (`rows` is the statement count)."""
-    from lexgraph.indexing.resolution import fact_id
+    from lexgraph.indexing.name_keys import fact_id
 
     result = StageResult()
     doc_ids = list(doc_ids)

@@ -10,7 +10,7 @@ What the build needs from earlier runs is kept under the corpus folder (`lexical
 - the resolved Entity and Fact nodes and the SUBJECT, OBJECT and RELATED edges (before anchoring), and the
   entity merges.
 
-A name split by type (resolution.entity_senses: a person and a place called Jordan) resolves every row of that
+A name split by type (entity_resolution.entity_senses: a person and a place called Jordan) resolves every row of that
 name by the key's split, so a change that creates, dissolves or tips a split ("resolved again") also rewrites
 the other documents whose rows name it: their mentions, facts and relations of it now resolve to other ids.
 
@@ -79,7 +79,7 @@ def lexical_signature(store, doc_id: str) -> str | None:
 def keyed_rows(tables: dict[str, pl.DataFrame]) -> dict[str, pl.DataFrame]:
     """Entity, fact and relation rows with the key resolution groups them by: an entity's normalised name, a
     fact's key, a relation's unordered pair of entity ids (null where resolution drops the row)."""
-    from lexgraph.indexing.resolution import entity_id_of_key, fact_key, normalise_entity_name
+    from lexgraph.indexing.name_keys import entity_id_of_key, fact_key, normalise_entity_name
 
     entities, facts, relations = tables[ENTITIES], tables[FACTS], tables[RELATIONS]
     names = set(entities["entity_name"].drop_nulls().to_list())
@@ -363,7 +363,7 @@ def rebuild_lexical_graph(doc_ids: list[str], store, graph, vectors, embedder, r
 
 
 def _finish(result, frames: dict, statement_signatures: dict[str, str]) -> None:
-    from lexgraph.indexing.resolution import KEPT_APART
+    from lexgraph.indexing.entity_resolution import KEPT_APART
 
     merges = frames["merges"]
     result.merges_frame = merges
@@ -413,7 +413,8 @@ def resplit_documents(state: LexicalState, new_rows: dict[str, pl.DataFrame], re
     the name by type, joins it again, or hands the name's own id to the other family. A split made or undone moves
     only the rows typed away from the family that keeps the id (and the rest of their chunks); a family that takes
     over the id moves every row of the name."""
-    from lexgraph.indexing.resolution import entity_id_of_key, entity_senses, family_of
+    from lexgraph.indexing.entity_resolution import entity_senses, family_of
+    from lexgraph.indexing.name_keys import entity_id_of_key
 
     old = state.rows[ENTITIES]
     keys = set(old.filter(_within("doc_id", rewrite))[KEY].drop_nulls()) | set(new_rows[ENTITIES][KEY].drop_nulls())
@@ -442,7 +443,8 @@ def resplit_documents(state: LexicalState, new_rows: dict[str, pl.DataFrame], re
 def _senses(rows: dict[str, pl.DataFrame], relations: pl.DataFrame, entity_keys: set, fact_keys: set) -> dict:
     """The splits by type of the touched entity keys and of every name the touched facts and relations name:
     each from all documents' entity rows of that name (a fact resolves by rows other documents hold)."""
-    from lexgraph.indexing.resolution import entity_senses, normalise_entity_name
+    from lexgraph.indexing.entity_resolution import entity_senses
+    from lexgraph.indexing.name_keys import normalise_entity_name
 
     named = set(relations["source"].drop_nulls()) | set(relations["target"].drop_nulls())
     keys = set(entity_keys) | {normalise_entity_name(name) for name in named}
@@ -455,7 +457,8 @@ def _senses(rows: dict[str, pl.DataFrame], relations: pl.DataFrame, entity_keys:
 def _variants(entity_keys: set, fact_keys: set, pairs: set) -> tuple[set, set, set]:
     """Every entity id, fact id and id pair the touched keys can have resolved to, before or now (a split
     gives a family an id of its own): what the splice replaces."""
-    from lexgraph.indexing.resolution import entity_id_of_key, entity_id_variants, fact_id_of_key, fact_id_variants
+    from lexgraph.indexing.entity_resolution import entity_id_variants, fact_id_variants
+    from lexgraph.indexing.name_keys import entity_id_of_key, fact_id_of_key
 
     entity_ids = {v for key in entity_keys for v in entity_id_variants(entity_id_of_key(key))}
     fact_ids = {v for key in fact_keys for v in fact_id_variants(fact_id_of_key(key))}

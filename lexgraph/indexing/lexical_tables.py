@@ -87,10 +87,10 @@ def lexical_graph_frames(tables: dict[str, pl.DataFrame], senses: dict | None = 
         dict[str, pl.DataFrame], dict[str, pl.DataFrame], pl.DataFrame, pl.DataFrame]:
     """Kùzu node and edge rows of the lexical graph from the per-document tables, with resolution:
     -> (nodes, edges, resolved entities, entity merges). senses: the names split by type
-    (resolution.entity_senses), from the tables' entity rows when not given; a diff gives them from every
+    (entity_resolution.entity_senses), from the tables' entity rows when not given; a diff gives them from every
     document's rows, since a fact or mention here resolves by rows it does not hold."""
-    from lexgraph.indexing.resolution import (entity_ids_of_rows, entity_senses, resolve_entities, resolve_fact_rows,
-                                           resolve_relations)
+    from lexgraph.indexing.entity_resolution import entity_ids_of_rows, entity_senses, resolve_entities
+    from lexgraph.indexing.fact_resolution import resolve_fact_rows, resolve_relations
 
     statements, topics, facts = tables[STATEMENTS], tables[TOPICS], tables[FACTS]
     entity_rows, relations = tables[ENTITIES], tables[RELATIONS]

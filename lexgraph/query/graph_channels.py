@@ -10,7 +10,7 @@ loads with ``RetrievalIndex.graph`` parts set to None, and both channels then re
 
 **entity** (:func:`entity_scores`): the query's nearest entity vectors ("name: description", the top
 ``entity_top`` by cosine, weighted by it) and the entity names found verbatim in the query (n-grams matched by
-the resolver's key, :func:`lexgraph.indexing.resolution.normalise_entity_name`, so "the Kestrel Propulsion GmbH"
+the resolver's key, :func:`lexgraph.indexing.name_keys.normalise_entity_name`, so "the Kestrel Propulsion GmbH"
 finds "Kestrel Propulsion"; spaces are ignored, so "Li Hua" finds the chat speaker "LiHua"; weight
 ``entity_exact_weight``). One hop along their relations adds up to ``entity_neighbours`` neighbouring
 entities, down-weighted by ``entity_hop_weight`` × the relation's share of the entity's relation strength.
@@ -54,7 +54,8 @@ import numpy as np
 import polars as pl
 import scipy.sparse as sp
 
-from lexgraph.indexing.resolution import entity_id, entity_ids_of_rows, normalise_entity_name
+from lexgraph.indexing.entity_resolution import entity_ids_of_rows
+from lexgraph.indexing.name_keys import entity_id, normalise_entity_name
 from lexgraph.extract.keywords import STOPWORDS
 from lexgraph.query.retrieval_types import (EntityGraph, LexicalGraph, RetrievalIndex, RetrievalParams,
                                             StatementGraph)

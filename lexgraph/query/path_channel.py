@@ -51,7 +51,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from lexgraph.extract.schemas import DEFAULT_ENTITY_TYPES, FALLBACK_TYPE, normalise_entity_type
-from lexgraph.indexing.resolution import normalise_entity_name
+from lexgraph.indexing.name_keys import normalise_entity_name
 from lexgraph.extract.keywords import STOPWORDS
 from lexgraph.query.graph_channels import (MAX_NAME_WORDS, MAX_QUERY_WORDS, compact_key, query_entities,
                                           rerank_by_evidence)
