@@ -20,7 +20,8 @@ from datetime import timedelta
 import pyarrow as pa
 
 from lexgraph.indexing import corpus_keywords, corpus_state, knn_state
-from lexgraph.indexing import lexical, lexical_diff
+from lexgraph.indexing import lexical
+from lexgraph.indexing.lexical_state import load_state, save_state
 from lexgraph.extract.embedder import Embedder
 from lexgraph.settings import Settings
 from lexgraph.storage import lance_indexes, lance_maintenance
@@ -74,11 +75,11 @@ def chunk_score_columns(vectors: VectorStore) -> str:
 
 def lexical_state(settings: Settings, files: corpus_state.CorpusFiles, vectors: VectorStore, embedder) -> str:
     if (files.lexical_state / "state.json").exists():
-        state, why = lexical_diff.load_state(files.lexical_state)
+        state, why = load_state(files.lexical_state)
         if state is None:
             return f"saved state not usable ({why}): the next update rebuilds it"
         if any((files.lexical_state / state.generation).glob("*.parquet")):
-            lexical_diff.save_state(files.lexical_state, state)
+            save_state(files.lexical_state, state)
             return "state saved before as Parquet, written again as Arrow"
         return "state already saved"
     with GraphStore.writer(settings.graph_path) as graph:

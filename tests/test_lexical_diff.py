@@ -253,7 +253,7 @@ def test_a_state_saved_as_parquet_before_is_still_read(index, tmp_path):
 
 
 def lexical_diff_mark(index: Index) -> None:
-    from lexgraph.indexing.lexical_diff import mark_writing
+    from lexgraph.indexing.lexical_state import mark_writing
 
     mark_writing(index.state)
 

@@ -493,10 +493,11 @@ def build_lexical_graph(doc_ids: Sequence[str], store: ExtractStore, graph, vect
     missing, unreadable, not known to match the stores, or a count disagrees afterwards ("rebuild"). Without it,
     every run rebuilds. A document whose lexical table is damaged is named in `damaged` and keeps what it had."""
     from lexgraph.indexing import lexical_diff
+    from lexgraph.indexing.lexical_state import load_state
 
     result = LexicalGraphResult()
     report.start("lexical graph", 1, "build")
-    state, reason = lexical_diff.load_state(state_dir)
+    state, reason = load_state(state_dir)
     if state is not None:
         reason = lexical_diff.diff_lexical_graph(state, list(doc_ids), store, graph, vectors, embedder, result,
                                                  run_id, state_dir)

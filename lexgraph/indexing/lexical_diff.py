@@ -1,14 +1,9 @@
 """The lexical graph kept current by difference: only changed documents' tables are read, only the entity, fact
 and relation keys they touch are resolved again, and only what differs is written to Kùzu and LanceDB.
 
-What the build needs from earlier runs is kept under the corpus folder (`lexical_state/`):
-- `documents`: per document the signature of its lexical tables (size and modification time of each file;
-  every write replaces a file), the time its Source node was loaded (a reload deletes its statements, topics
-  and the edges into its chunks), its statement vectors' signature and its share of the doc-scoped tables;
-- the entity, fact and relation rows of every document with their resolution keys, so a key is resolved
-  again from all its rows without reading other documents' files;
-- the resolved Entity and Fact nodes and the SUBJECT, OBJECT and RELATED edges (before anchoring), and the
-  entity merges.
+What the build needs from earlier runs (the documents' signatures, every document's keyed entity, fact and
+relation rows, the resolved global frames) is the saved state, kept under the corpus folder: its files and
+frames are :mod:`lexgraph.indexing.lexical_state`.
 
 A name split by type (entity_resolution.entity_senses: a person and a place called Jordan) resolves every row of that
 name by the key's split, so a change that creates, dissolves or tips a split ("resolved again") also rewrites
@@ -18,41 +13,33 @@ Statement, Topic and their edges (EXTRACTED_FROM, BELONGS_TO, TOPIC_OF, SUPPORTS
 document each, so a changed document's share is deleted and written again whole. Facts, entities and their
 edges are global: their old and new frames are compared and only the differences written.
 
-Crash safety: `state.json` names the saved generation and says whether the stores hold it. It is marked
-"not synced" before any store is written and "synced" (with the new generation) only after Kùzu, LanceDB and
-the new files are written, so a process killed in between makes the next run rebuild everything.
+Crash safety: the state is marked "not synced" (lexical_state.mark_writing) before any store is written and
+saved as synced only after Kùzu, LanceDB and the new files are written, so a process killed in between makes
+the next run rebuild everything.
 """
 from __future__ import annotations
 
-import json
-import shutil
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
-from lexgraph.atomic_json import write_json
 from lexgraph.ids import content_hash
 from lexgraph.indexing import lexical_tables
-from lexgraph.indexing.lexical_tables import COLUMNS, LEXICAL_STAGES, stage_frame
+from lexgraph.indexing.lexical_state import (GLOBAL_NODES, GLOBAL_RELS, KEY, PAIR, ROW_TABLES, LexicalState,
+                                             concat_tables, global_frames, keyed_rows, mark_writing, save_state,
+                                             splice_frames, touched_tables, within)
+from lexgraph.indexing.lexical_tables import LEXICAL_STAGES
 from lexgraph.indexing.pipeline import ENTITIES, FACTS, RELATIONS, STATEMENTS
 
-STATE_FORMAT = 2  # 2: resolution by type; frames saved by format 1 merged a person and a place, so rebuild once
-STATE_FILE = "state.json"
 DOC_NODES = ("Statement", "Topic")
 DOC_RELS = ("EXTRACTED_FROM", "BELONGS_TO", "TOPIC_OF", "SUPPORTS", "MENTIONED_IN")
-GLOBAL_NODES = ("Fact", "Entity")
-GLOBAL_RELS = ("SUBJECT", "OBJECT", "RELATED")
 # Doc-scoped rel tables too large to count whole on every run (one edge per statement): counted for the
 # rewritten documents only; every other table is counted whole after a diff.
 COUNTED_BY_DOCUMENT = ("EXTRACTED_FROM", "BELONGS_TO")
 # Past this share of the documents (and this many), a rebuild is cheaper than the diff: deleting a document's
 # share goes row by row, dropping and recreating the tables does not.
 REBUILD_SHARE, REBUILD_MIN_DOCUMENTS = 0.25, 50
-KEY, PAIR = "_key", "_pair"
-ROW_TABLES = (ENTITIES, FACTS, RELATIONS)
-FRAMES = (*GLOBAL_NODES, *GLOBAL_RELS, "merges")
 
 
 def rewrite_is_cheaper(changed: int, total: int) -> bool:
@@ -73,65 +60,16 @@ def lexical_signature(store, doc_id: str) -> str | None:
     return content_hash("\n".join(parts))[:16]
 
 
-# --- resolution keys ----------------------------------------------------------------------------------------
-
-
-def keyed_rows(tables: dict[str, pl.DataFrame]) -> dict[str, pl.DataFrame]:
-    """Entity, fact and relation rows with the key resolution groups them by: an entity's normalised name, a
-    fact's key, a relation's unordered pair of entity ids (null where resolution drops the row)."""
-    from lexgraph.indexing.name_keys import entity_id_of_key, fact_key, normalise_entity_name
-
-    entities, facts, relations = tables[ENTITIES], tables[FACTS], tables[RELATIONS]
-    names = set(entities["entity_name"].drop_nulls().to_list())
-    names |= set(relations["source"].drop_nulls().to_list()) | set(relations["target"].drop_nulls().to_list())
-    keys = {name: normalise_entity_name(name) or None for name in names}
-    entities = entities.with_columns(pl.col("entity_name").replace_strict(keys, default=None, return_dtype=pl.String)
-                                     .alias(KEY))
-
-    def key_of_fact(triple: tuple) -> str | None:
-        try:
-            return fact_key(*(part or "" for part in triple))
-        except ValueError:
-            return None
-
-    triples = facts.select("subject", "predicate", "object").unique()
-    triples = triples.with_columns(pl.Series(KEY, [key_of_fact(t) for t in triples.iter_rows()], dtype=pl.String))
-    facts = facts.join(triples, on=["subject", "predicate", "object"], how="left", nulls_equal=True)
-
-    ids = {name: entity_id_of_key(key) for name, key in keys.items() if key}
-    pairs = relations.select(pl.col("source").replace_strict(ids, default=None, return_dtype=pl.String).alias("_a"),
-                             pl.col("target").replace_strict(ids, default=None, return_dtype=pl.String).alias("_b"))
-    pair = (pl.when(pl.col("_a").is_not_null() & pl.col("_b").is_not_null() & (pl.col("_a") != pl.col("_b")))
-            .then(_pair_of("_a", "_b")))
-    relations = relations.with_columns(pairs.select(pair.alias(PAIR)).to_series())
-    return {ENTITIES: entities, FACTS: facts, RELATIONS: relations}
-
-
-def _pair_of(a: str, b: str) -> pl.Expr:
-    """The unordered pair of two id columns, as one string (a relation's resolution key)."""
-    return pl.concat_str(pl.min_horizontal(a, b), pl.lit("|"), pl.max_horizontal(a, b))
-
-
 # --- frames --------------------------------------------------------------------------------------------------
-
-
-def global_frames(nodes: dict[str, pl.DataFrame], edges: dict[str, pl.DataFrame], merges: pl.DataFrame) -> dict:
-    return {"Entity": nodes["Entity"], "Fact": nodes["Fact"], **{rel: edges[rel] for rel in GLOBAL_RELS},
-            "merges": merges}
-
-
-def _within(column: str | pl.Expr, values: pl.Series | list) -> pl.Expr:
-    values = values if isinstance(values, pl.Series) else pl.Series(values, dtype=pl.String)
-    return (pl.col(column) if isinstance(column, str) else column).is_in(values.implode())
 
 
 def anchored_global(frames: dict) -> dict[str, pl.DataFrame]:
     """The SUBJECT, OBJECT and RELATED edges whose nodes exist (a fact's subject need not be an extracted entity)."""
     entities, facts = frames["Entity"]["id"], frames["Fact"]["id"]
     return {
-        "SUBJECT": frames["SUBJECT"].filter(_within("from", entities) & _within("to", facts)),
-        "OBJECT": frames["OBJECT"].filter(_within("from", entities) & _within("to", facts)),
-        "RELATED": frames["RELATED"].filter(_within("from", entities) & _within("to", entities)),
+        "SUBJECT": frames["SUBJECT"].filter(within("from", entities) & within("to", facts)),
+        "OBJECT": frames["OBJECT"].filter(within("from", entities) & within("to", facts)),
+        "RELATED": frames["RELATED"].filter(within("from", entities) & within("to", entities)),
     }
 
 
@@ -144,12 +82,12 @@ def anchored_documents(nodes: dict[str, pl.DataFrame], edges: dict[str, pl.DataF
     by_statement = lambda frame, column: frame.join(statements.rename({"id": column}), on=column)  # noqa: E731
     chunk_docs = chunks.select(pl.col("id").alias("to"), "doc_id")
     return {
-        "EXTRACTED_FROM": by_statement(edges["EXTRACTED_FROM"], "from").filter(_within("to", chunks["id"])),
-        "BELONGS_TO": by_statement(edges["BELONGS_TO"], "from").filter(_within("to", topics)),
-        "TOPIC_OF": edges["TOPIC_OF"].filter(_within("from", topics) & _within("to", list(sources)))
+        "EXTRACTED_FROM": by_statement(edges["EXTRACTED_FROM"], "from").filter(within("to", chunks["id"])),
+        "BELONGS_TO": by_statement(edges["BELONGS_TO"], "from").filter(within("to", topics)),
+        "TOPIC_OF": edges["TOPIC_OF"].filter(within("from", topics) & within("to", list(sources)))
                                      .with_columns(pl.col("to").alias("doc_id")),
-        "SUPPORTS": by_statement(edges["SUPPORTS"], "to").filter(_within("from", frames["Fact"]["id"])),
-        "MENTIONED_IN": edges["MENTIONED_IN"].filter(_within("from", frames["Entity"]["id"]))
+        "SUPPORTS": by_statement(edges["SUPPORTS"], "to").filter(within("from", frames["Fact"]["id"])),
+        "MENTIONED_IN": edges["MENTIONED_IN"].filter(within("from", frames["Entity"]["id"]))
                                              .join(chunk_docs, on="to"),
     }
 
@@ -180,123 +118,6 @@ def _row_text(frame: pl.DataFrame) -> pl.Expr:
         column = pl.col(name).list.join("\x1d") if isinstance(dtype, pl.List) else pl.col(name).cast(pl.String)
         parts.append(column.fill_null("\x00"))
     return pl.concat_str(parts, separator="\x1f")
-
-
-# --- the saved state ------------------------------------------------------------------------------------------
-
-
-@dataclass
-class LexicalState:
-    documents: pl.DataFrame  # doc_id, signature, loaded, statement_signature, statement_rows, one count per table
-    rows: dict[str, pl.DataFrame]  # ENTITIES, FACTS, RELATIONS rows of every document, with their keys
-    frames: dict[str, pl.DataFrame]  # Entity, Fact, SUBJECT, OBJECT, RELATED (before anchoring), merges
-    generation: str = ""
-
-
-def _read_marker(root: Path) -> dict:
-    try:
-        found = json.loads((root / STATE_FILE).read_text())
-        return found if isinstance(found, dict) else {}
-    except (FileNotFoundError, ValueError):
-        return {}
-
-
-def _write_marker(root: Path, marker: dict) -> None:
-    write_json(root / STATE_FILE, marker)
-
-
-def load_state(root: Path | None) -> tuple[LexicalState | None, str]:
-    """The saved state when the stores are known to hold it; else None and why the build must be whole."""
-    if root is None:
-        return None, "no state folder given"
-    marker = _read_marker(Path(root))
-    if not marker:
-        return None, "no saved lexical state (first build, or its state file is missing or unreadable)"
-    if marker.get("format") != STATE_FORMAT:
-        return None, f"saved lexical state of another format ({marker.get('format')!r})"
-    if not marker.get("synced"):
-        return None, "the last write of the lexical graph did not finish (state not marked as written)"
-    folder = Path(root) / str(marker.get("generation"))
-    try:
-        documents = _read_frame(folder, "documents")
-        rows = {t: _read_frame(folder, f"rows_{t}") for t in ROW_TABLES}
-        frames = {t: _read_frame(folder, t) for t in FRAMES}
-    except (Exception, pl.exceptions.PanicException) as error:  # noqa: BLE001 - torn or garbage: rebuild
-        return None, f"saved lexical state unreadable ({type(error).__name__}: {str(error).splitlines()[0][:160]})"
-    return LexicalState(documents, rows, frames, str(marker["generation"])), ""
-
-
-def _read_frame(folder: Path, name: str) -> pl.DataFrame:
-    """Arrow IPC; a generation saved before that is Parquet and still read (no rebuild for a format change)."""
-    path = folder / f"{name}.arrow"
-    return pl.read_ipc(path) if path.exists() else pl.read_parquet(folder / f"{name}.parquet")
-
-
-def mark_writing(root: Path | None) -> None:
-    """Before any store is written: a process killed from here until save_state makes the next run rebuild."""
-    if root is not None:
-        marker = _read_marker(Path(root))
-        _write_marker(Path(root), {**marker, "format": STATE_FORMAT, "synced": False})
-
-
-def save_state(root: Path | None, state: LexicalState) -> str:
-    """Write the state as a new generation, then mark it as what the stores hold; older generations go last."""
-    if root is None:
-        return ""
-    root = Path(root)
-    generation = uuid.uuid4().hex
-    folder = root / generation
-    folder.mkdir(parents=True, exist_ok=True)
-    # uncompressed Arrow IPC: written on every run, so its speed counts more than its size (a fifth of Parquet
-    # lz4's time at 100k chunks, three times the bytes)
-    for name, frame in {"documents": state.documents, **{f"rows_{t}": f for t, f in state.rows.items()},
-                        **state.frames}.items():
-        frame.write_ipc(folder / f"{name}.arrow", compression="uncompressed")
-    _write_marker(root, {"format": STATE_FORMAT, "generation": generation, "synced": True})
-    for old in root.iterdir():
-        if old.is_dir() and old.name != generation:
-            shutil.rmtree(old, ignore_errors=True)
-    return generation
-
-
-def empty_tables() -> dict[str, pl.DataFrame]:
-    return {stage: stage_frame(stage, []) for stage in LEXICAL_STAGES if stage in COLUMNS}
-
-
-def concat_tables(parts: list[dict[str, pl.DataFrame]]) -> dict[str, pl.DataFrame]:
-    tables = empty_tables()
-    for stage in tables:
-        frames = [p[stage] for p in parts if p[stage].height]
-        if frames:
-            tables[stage] = pl.concat(frames, how="diagonal_relaxed").select(list(COLUMNS[stage]))
-    return tables
-
-
-def touched_tables(rows: dict[str, pl.DataFrame], entity_keys: set, fact_keys: set, pairs: set) -> dict[str, pl.DataFrame]:
-    """Every document's rows of the touched keys (statements and topics empty): what resolving them again needs."""
-    tables = empty_tables()
-    tables[ENTITIES] = rows[ENTITIES].filter(_within(KEY, list(entity_keys))).select(tables[ENTITIES].columns)
-    tables[FACTS] = rows[FACTS].filter(_within(KEY, list(fact_keys))).select(tables[FACTS].columns)
-    tables[RELATIONS] = rows[RELATIONS].filter(_within(PAIR, list(pairs))).select(tables[RELATIONS].columns)
-    return tables
-
-
-def splice_frames(old: dict, touched: dict, entity_ids: set, fact_ids: set, pairs: set) -> dict:
-    """The old global frames with every row of a touched key replaced by the rows resolved again (the ids given
-    are every id those keys can resolve to: see _variants)."""
-    def swap(frame: pl.DataFrame, drop: pl.Expr, new: pl.DataFrame) -> pl.DataFrame:
-        return pl.concat([frame.filter(~drop), new.select(frame.columns)], how="vertical_relaxed")
-
-    entity_ids, fact_ids, pairs = list(entity_ids), list(fact_ids), list(pairs)
-    return {
-        "Entity": swap(old["Entity"], _within("id", entity_ids), touched["Entity"]).sort("id"),
-        "Fact": swap(old["Fact"], _within("id", fact_ids), touched["Fact"]).sort("id"),
-        "SUBJECT": swap(old["SUBJECT"], _within("to", fact_ids), touched["SUBJECT"]).sort("to", "from"),
-        "OBJECT": swap(old["OBJECT"], _within("to", fact_ids), touched["OBJECT"]).sort("to", "from"),
-        "RELATED": swap(old["RELATED"], _within(_pair_of("from", "to"), pairs), touched["RELATED"]).sort("from", "to"),
-        "merges": swap(old["merges"], _within("entity_id", entity_ids), touched["merges"])
-        .sort("entity_id", "surface_form", "reason"),
-    }
 
 
 # --- the two ways of writing the stores -------------------------------------------------------------------------
@@ -417,24 +238,24 @@ def resplit_documents(state: LexicalState, new_rows: dict[str, pl.DataFrame], re
     from lexgraph.indexing.name_keys import entity_id_of_key
 
     old = state.rows[ENTITIES]
-    keys = set(old.filter(_within("doc_id", rewrite))[KEY].drop_nulls()) | set(new_rows[ENTITIES][KEY].drop_nulls())
-    before = old.filter(_within(KEY, list(keys)))
-    after = pl.concat([before.filter(~_within("doc_id", rewrite)),
-                       new_rows[ENTITIES].filter(_within(KEY, list(keys))).select(old.columns)])
+    keys = set(old.filter(within("doc_id", rewrite))[KEY].drop_nulls()) | set(new_rows[ENTITIES][KEY].drop_nulls())
+    before = old.filter(within(KEY, list(keys)))
+    after = pl.concat([before.filter(~within("doc_id", rewrite)),
+                       new_rows[ENTITIES].filter(within(KEY, list(keys))).select(old.columns)])
     was, now = ({k: split.major for k, split in entity_senses(rows).items()} for rows in (before, after))
     changed = {key for key, _ in was.items() ^ now.items()}
     if not changed:
         return []
-    others = ~_within("doc_id", rewrite)
+    others = ~within("doc_id", rewrite)
     taken = sorted(k for k in changed if k in was and k in now)  # the other family has the name's id now
     keeps = {k: was.get(k) or now[k] for k in changed if k not in taken}  # split made or undone
-    docs = {doc for doc, key, kind in old.filter(others & _within(KEY, list(keeps)))
+    docs = {doc for doc, key, kind in old.filter(others & within(KEY, list(keeps)))
             .select("doc_id", KEY, "entity_type").unique().iter_rows() if family_of(kind or "") not in ("", keeps[key])}
     if taken:
         ids = [entity_id_of_key(k) for k in taken]
-        ends = lambda column, sep, values: (_within(pl.col(column).str.split(sep).list.first(), values)  # noqa: E731
-                                            | _within(pl.col(column).str.split(sep).list.last(), values))
-        docs |= set(old.filter(others & _within(KEY, taken))["doc_id"])
+        ends = lambda column, sep, values: (within(pl.col(column).str.split(sep).list.first(), values)  # noqa: E731
+                                            | within(pl.col(column).str.split(sep).list.last(), values))
+        docs |= set(old.filter(others & within(KEY, taken))["doc_id"])
         docs |= set(state.rows[FACTS].filter(others & ends(KEY, "\x1f", taken))["doc_id"])
         docs |= set(state.rows[RELATIONS].filter(others & ends(PAIR, "|", ids))["doc_id"])
     return sorted(docs)
@@ -451,7 +272,7 @@ def _senses(rows: dict[str, pl.DataFrame], relations: pl.DataFrame, entity_keys:
     for key in fact_keys:
         subject, _, obj = key.split("\x1f")
         keys |= {subject, obj}
-    return entity_senses(rows[ENTITIES].filter(_within(KEY, list(keys))))
+    return entity_senses(rows[ENTITIES].filter(within(KEY, list(keys))))
 
 
 def _variants(entity_keys: set, fact_keys: set, pairs: set) -> tuple[set, set, set]:
@@ -474,8 +295,8 @@ def resolve_touched(state: LexicalState, new_rows: dict[str, pl.DataFrame],
     """Every document's rows with the rewritten documents' replaced, and the global frames with the keys those
     documents' old and new rows touch resolved again (from all their rows). -> (rows, frames, the splits by
     type that resolution used, for the rewritten documents' own share)."""
-    leaving = {t: state.rows[t].filter(_within("doc_id", rewrite)) for t in ROW_TABLES}
-    rows = {t: pl.concat([state.rows[t].filter(~_within("doc_id", rewrite)), new_rows[t].select(state.rows[t].columns)],
+    leaving = {t: state.rows[t].filter(within("doc_id", rewrite)) for t in ROW_TABLES}
+    rows = {t: pl.concat([state.rows[t].filter(~within("doc_id", rewrite)), new_rows[t].select(state.rows[t].columns)],
                          how="vertical_relaxed") for t in ROW_TABLES}
     keys = lambda table, column: {k for t in (leaving, new_rows) for k in t[table][column].drop_nulls().to_list()}  # noqa: E731
     entity_keys, fact_keys, pairs = keys(ENTITIES, KEY), keys(FACTS, KEY), keys(RELATIONS, PAIR)
@@ -524,7 +345,7 @@ def diff_lexical_graph(state: LexicalState, doc_ids: list[str], store, graph, ve
     counts = document_counts(sorted(docs.read), d_nodes, d_anchored)
     statement_rows = {d: lexical_tables.statement_vector_rows(docs.read[d][STATEMENTS]) for d in docs.read}
     fresh = {d: sig for d in docs.read if (sig := lexical_tables.statement_signatures(statement_rows[d]).get(d))}
-    documents = pl.concat([state.documents.filter(~_within("doc_id", docs.rewrite)),
+    documents = pl.concat([state.documents.filter(~within("doc_id", docs.rewrite)),
                            _documents(counts, docs.current, docs.loaded, fresh).select(state.documents.columns)],
                           how="vertical_relaxed").sort("doc_id")
     problem = _verify_counts(graph, documents, counts, frames, new_edges, sorted(docs.read), result)
@@ -562,7 +383,7 @@ def _update_statement_vectors(state: LexicalState, docs: DocumentChanges, statem
     already deleted a removed document's rows); else the whole table is scanned. -> doc_id -> signature."""
     from lexgraph.storage.vector_store import _in_list
 
-    untouched = state.documents.filter(~_within("doc_id", docs.rewrite))
+    untouched = state.documents.filter(~within("doc_id", docs.rewrite))
     now = {**{d: s for d, s in zip(untouched["doc_id"], untouched["statement_signature"]) if s}, **fresh}
     touched_rows = vectors.count(lexical_tables.STATEMENT_VECTORS, _in_list("doc_id", docs.rewrite)) if docs.rewrite else 0
     if vectors.count(lexical_tables.STATEMENT_VECTORS) - touched_rows == int(untouched["Statement"].sum()):
@@ -623,7 +444,7 @@ def _write_diff(graph, rewrite: list[str], node_diff: dict, edge_diff: dict, d_n
 def _written(before: pl.DataFrame, rewrite: list[str], counts: pl.DataFrame, node_diff: dict,
              edge_diff: dict) -> dict[str, dict[str, int]]:
     """Rows added, removed and updated per table: a rewritten document's share counts as removed and added."""
-    had = before.filter(_within("doc_id", rewrite))
+    had = before.filter(within("doc_id", rewrite))
     written = {t: {"added": int(counts[t].sum()), "removed": int(had[t].sum())} for t in (*DOC_NODES, *DOC_RELS)}
     for table, (gone, new, updated) in {**node_diff, **edge_diff}.items():
         written[table] = {"added": new.height, "removed": gone.height, "updated": updated.height}
