@@ -20,7 +20,7 @@ from assets.documents import (_report_failures, _status, batch_metadata, describ
                               document_graph, stored_hashes, with_output)
 from assets.partitions import GRAPH_WRITER_POOL, batched, documents, step_partition_keys
 from assets.skeleton import _corpus_version, skeleton_selection
-from lexgraph.indexing import lexical, pipeline
+from lexgraph.indexing import lexical, lexical_extraction, pipeline
 from lexgraph.indexing.corpus_state import LEXICAL_GRAPH, catalog_digest
 from lexgraph.ids import content_hash
 from resources import EmbedderResource, ExtractorResource, IndexResource, KuzuResource, LanceDBResource
@@ -50,8 +50,8 @@ def _ledger_totals(index: IndexResource, run_id: str) -> dict:
     ledger = index.ledger()
     frame = ledger.read(run_id=run_id)  # only the parts that may hold this run: the ledger grows with every run
     totals = ledger.totals(by=["stage"], run_id=run_id, frame=frame)
-    failures = lexical.llm_failure_figures(frame, run_id)
-    extraction = totals.filter(pl.col("stage") == lexical.EXTRACTION_STAGE)
+    failures = lexical_extraction.llm_failure_figures(frame, run_id)
+    extraction = totals.filter(pl.col("stage") == lexical_extraction.EXTRACTION_STAGE)
     row = extraction.row(0, named=True) if extraction.height else {}
     hits = int(row.get("cache_hits", 0))
     return {"batch_llm_calls": int(row.get("calls", 0)) - hits, "batch_cache_hits": hits,
@@ -108,10 +108,10 @@ def chunk_extractions(context: dg.AssetExecutionContext, index: IndexResource,
                       extractors: ExtractorResource) -> dg.MaterializeResult:
     store, files = index.extract_store(), index.corpus_files()
     ready = with_output(context, store, pipeline.CHUNKS)
-    skeleton = lexical.read_skeleton(files.skeleton)
+    skeleton = lexical_extraction.read_skeleton(files.skeleton)
     llm, offline = extractors.llm(), extractors.offline()
     try:
-        result = lexical.extract_documents(ready, store, skeleton, llm, offline, index.extraction_cache(),
+        result = lexical_extraction.extract_documents(ready, store, skeleton, llm, offline, index.extraction_cache(),
                                            index.ledger(), context.run.run_id, masker=extractors.masker())
     finally:
         if llm is not None:

@@ -34,7 +34,7 @@ from typing import Callable, Sequence
 import dagster as dg
 import polars as pl
 
-from lexgraph.indexing import lexical
+from lexgraph.indexing import lexical_extraction
 from lexgraph.indexing.corpus_skeleton import read_selection_diff
 from lexgraph.indexing.corpus_state import CorpusFiles
 from lexgraph.indexing.pipeline import CHUNKS, EXTRACTIONS
@@ -68,7 +68,7 @@ def _runs(report: IngestReport | ReextractReport) -> list[str]:
 def llm_cost(settings: Settings, run_ids: Sequence[str] | None = None) -> dict:
     """Extraction-stage ledger rows (of these runs, or all): calls that reached the model, cache hits, HTTP
     requests, prompt and completion tokens, failed calls."""
-    ledger = CostLedger(settings.ledger_dir).read().filter(pl.col("stage") == lexical.EXTRACTION_STAGE)
+    ledger = CostLedger(settings.ledger_dir).read().filter(pl.col("stage") == lexical_extraction.EXTRACTION_STAGE)
     if run_ids is not None:
         ledger = ledger.filter(pl.col("run_id").is_in(list(run_ids)))
     calls = ledger.filter(~pl.col("cache_hit"))
@@ -182,9 +182,9 @@ def throughput(settings: Settings, repeats: int, embed_repeats: int, log: Log) -
     from lexgraph.extract.embedder import Embedder
 
     chunks = ExtractStore(settings.extract_dir).scan(CHUNKS).select("chunk_id", "doc_id", "text", "heading_path").collect()
-    inputs = lexical.chunk_inputs(chunks)
+    inputs = lexical_extraction.chunk_inputs(chunks)
     texts = chunks["text"].to_list()
-    offline = lexical.offline_extractor(settings)
+    offline = lexical_extraction.offline_extractor(settings)
     embedder = Embedder.shared(settings.embed_model, backend=settings.embed_backend)
     embedder.embed(["warm up the model before timing"])
     offline.extract(inputs[0])
@@ -192,8 +192,8 @@ def throughput(settings: Settings, repeats: int, embed_repeats: int, log: Log) -
     for repeat in range(max(repeats, embed_repeats)):
         if repeat < repeats:
             started = time.perf_counter()
-            for start in range(0, len(inputs), lexical.OfflineRows.BATCH):  # batched as the extraction stage does
-                offline.extract_many(inputs[start:start + lexical.OfflineRows.BATCH])
+            for start in range(0, len(inputs), lexical_extraction.OfflineRows.BATCH):  # batched as the extraction stage does
+                offline.extract_many(inputs[start:start + lexical_extraction.OfflineRows.BATCH])
             times["offline"].append(time.perf_counter() - started)
         if repeat < embed_repeats:
             started = time.perf_counter()

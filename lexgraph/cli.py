@@ -121,7 +121,7 @@ def _endpoint(url: str) -> str:
 
 def _llm_calls(settings: Settings) -> dict[str, int]:
     """LLM extraction calls so far, from the cost ledger: calls that reached a model, and cache hits."""
-    from lexgraph.indexing.lexical import EXTRACTION_STAGE
+    from lexgraph.indexing.lexical_extraction import EXTRACTION_STAGE
     from lexgraph.ledger import CostLedger
 
     totals = CostLedger(settings.ledger_dir).totals(by=["stage"])

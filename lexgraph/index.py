@@ -45,12 +45,12 @@ class LexIndex:
 
     def llm_extractor(self):
         """The `openai` extractor when an endpoint is configured, else None (the offline NLP extraction only)."""
-        from lexgraph.indexing.lexical import llm_extractor
+        from lexgraph.indexing.lexical_extraction import llm_extractor
 
         return llm_extractor(self.settings)
 
     def offline_extractor(self):
-        from lexgraph.indexing.lexical import offline_extractor
+        from lexgraph.indexing.lexical_extraction import offline_extractor
 
         return offline_extractor(self.settings)
 

@@ -10,7 +10,7 @@ from assets.maintenance import lance_compaction
 from assets.queries import query_log
 from assets.search_indexes import search_indexes
 from assets.skeleton import corpus_assets, document_keywords
-from lexgraph.indexing.lexical import extractor_signature
+from lexgraph.indexing.lexical_extraction import extractor_signature
 from lexgraph.ids import short_hash
 from lexgraph.settings import CHUNKER_VERSION, Settings
 from orchestration.jobs import build_corpus_index, extract_documents, ingest_documents, purge_documents

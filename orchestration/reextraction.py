@@ -14,7 +14,7 @@ import json
 
 import dagster as dg
 
-from lexgraph.indexing import lexical
+from lexgraph.indexing import lexical_extraction
 from lexgraph.indexing.corpus_skeleton import read_selection_diff
 from lexgraph.indexing.corpus_state import CorpusFiles
 from lexgraph.ids import short_hash
@@ -60,21 +60,23 @@ def selection_reextraction(settings: Settings, catalog) -> tuple[str | None, lis
     if digest is None or settings.extractor != "openai":
         return digest, []
     store = ExtractStore(settings.extract_dir)
-    retry = {*lexical.documents_with_llm_failures(store, catalog, lexical.read_skeleton(files.skeleton)),
-             *lexical.documents_with_unflattened_extractions(store, catalog)}
+    skeleton = lexical_extraction.read_skeleton(files.skeleton)
+    retry = {*lexical_extraction.documents_with_llm_failures(store, catalog, skeleton),
+             *lexical_extraction.documents_with_unflattened_extractions(store, catalog)}
     if digest == handled_digest(files):
         return digest, sorted(retry)
-    return digest, sorted({*lexical.documents_to_reextract(read_selection_diff(files), files.skeleton, catalog), *retry})
+    newly = lexical_extraction.documents_to_reextract(read_selection_diff(files), files.skeleton, catalog)
+    return digest, sorted({*newly, *retry})
 
 
 def changed_extractions(settings: Settings, catalog) -> dict[str, str]:
     """doc_id -> why its extractions no longer match the current extractors (model, prompt version, rules)."""
     store = ExtractStore(settings.extract_dir)
-    skeleton = lexical.read_skeleton(CorpusFiles(settings.index_dir).skeleton)
+    skeleton = lexical_extraction.read_skeleton(CorpusFiles(settings.index_dir).skeleton)
     openai = settings.extractor == "openai"
-    return lexical.stale_documents(store, sorted(catalog), skeleton, settings.llm_model if openai else None,
-                                   lexical.llm_prompt_version(settings) if openai else None,
-                                   lexical.offline_extractor(settings))
+    return lexical_extraction.stale_documents(store, sorted(catalog), skeleton, settings.llm_model if openai else None,
+                                              lexical_extraction.llm_prompt_version(settings) if openai else None,
+                                              lexical_extraction.offline_extractor(settings))
 
 
 def extraction_requests(partition_keys: list[str], doc_ids, run_key: str, tags: dict[str, str]) -> list[dg.RunRequest]:

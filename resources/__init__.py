@@ -14,7 +14,7 @@ from typing import Iterator, Mapping, Optional
 import dagster as dg
 from pydantic import PrivateAttr
 
-from lexgraph.indexing import lexical
+from lexgraph.indexing import lexical_extraction
 from lexgraph.indexing.corpus_state import CorpusFiles
 from lexgraph.extract.extraction_cache import ExtractionCache
 from lexgraph.extract.schemas import Extractor
@@ -139,13 +139,13 @@ class ExtractorResource(dg.ConfigurableResource):
     index: IndexResource
 
     def llm(self) -> Extractor | None:
-        return lexical.llm_extractor(self.index.settings())
+        return lexical_extraction.llm_extractor(self.index.settings())
 
     def offline(self) -> Extractor:
-        return lexical.offline_extractor(self.index.settings())
+        return lexical_extraction.offline_extractor(self.index.settings())
 
     def masker(self):
-        return lexical.pii_masker(self.index.settings())
+        return lexical_extraction.pii_masker(self.index.settings())
 
 
 class InboxResource(dg.ConfigurableResource):

@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 
 from assets.catalog import GROUPS, TABLES, Table, columns_of, owners
-from lexgraph.indexing import lexical
+from lexgraph.indexing import lexical_extraction
 from lexgraph.indexing.corpus_state import CorpusFiles
 from lexgraph.settings import Settings
 from lexgraph.storage.extract_store import ExtractStore
@@ -146,7 +146,7 @@ def test_each_documents_history_names_its_source_version_and_extraction_provenan
     settings, instance, inbox, (gamma, removed) = ingested
     catalog = VectorStore(settings.lance_uri).sources()
     store = ExtractStore(settings.extract_dir)
-    llm_prompt = lexical.llm_prompt_version(settings)
+    llm_prompt = lexical_extraction.llm_prompt_version(settings)
     extractors = {}
     for row in catalog.iter_rows(named=True):
         doc_id, sha256 = row["doc_id"], hashlib.sha256((inbox / row["relative_path"]).read_bytes()).hexdigest()

@@ -9,7 +9,7 @@ from dagster._core.definitions.data_version import CachingStaleStatusResolver, S
 from dagster._core.loader import LoadingContextForTest
 
 from lexgraph.indexing import corpus_keywords, corpus_skeleton
-from lexgraph.indexing import lexical, lexical_tables
+from lexgraph.indexing import lexical, lexical_extraction, lexical_tables
 from lexgraph.indexing import pipeline
 from lexgraph.settings import Settings
 from lexgraph.storage.graph_store import GraphStore
@@ -192,7 +192,7 @@ def test_per_document_checks_fail_on_bad_output(tiny_corpus, home, instance, mon
     monkeypatch.setattr(GraphStore, "replace_documents", orphan_a_chunk)
     monkeypatch.setattr(pipeline, "extract_document_keywords", lose_stats)
 
-    extract_chunks, flatten = lexical.extract_documents, lexical.flatten_documents
+    extract_chunks, flatten = lexical_extraction.extract_documents, lexical.flatten_documents
 
     def lose_an_extraction(doc_ids, store, *args, **kwargs):  # gamma's first chunk gets no extraction row
         result = extract_chunks(doc_ids, store, *args, **kwargs)
@@ -208,7 +208,7 @@ def test_per_document_checks_fail_on_bad_output(tiny_corpus, home, instance, mon
             pl.lit("someone-else-c00000-00000000").alias("chunk_id"))]))
         return result
 
-    monkeypatch.setattr(lexical, "extract_documents", lose_an_extraction)
+    monkeypatch.setattr(lexical_extraction, "extract_documents", lose_an_extraction)
     monkeypatch.setattr(lexical, "flatten_documents", foreign_statement)
     defs = build_definitions(Settings.from_env(home=home, inbox=tiny_corpus))
     keys = instance.get_dynamic_partitions("documents")

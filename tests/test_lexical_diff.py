@@ -10,7 +10,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from lexgraph.indexing import lexical, lexical_tables
+from lexgraph.indexing import lexical, lexical_extraction, lexical_tables
 from lexgraph.indexing.corpus_state import CorpusFiles
 from lexgraph.indexing.pipeline import (STATEMENTS, chunk_documents, embed_documents, load_graph, load_sources,
                                      purge_documents)
@@ -49,7 +49,7 @@ class Index:
         embed_documents(chunks.done, self.store, self.embedder, self.vectors)
         with GraphStore.writer(self.settings.graph_path) as graph:
             load_graph(chunks.done, self.store, graph, self.vectors)
-        lexical.extract_documents(chunks.done, self.store, set(), None, NLPExtractor(self.settings.entity_types),
+        lexical_extraction.extract_documents(chunks.done, self.store, set(), None, NLPExtractor(self.settings.entity_types),
                                   None, None, "test")
         lexical.flatten_documents(chunks.done, self.store)
         return doc_id
@@ -342,7 +342,7 @@ def put_scripted(index: Index, name: str, lines: list[str]) -> str:
     embed_documents(chunks.done, index.store, index.embedder, index.vectors)
     with GraphStore.writer(index.settings.graph_path) as graph:
         load_graph(chunks.done, index.store, graph, index.vectors)
-    lexical.extract_documents(chunks.done, index.store, set(), None, Scripted(), None, None, "test")
+    lexical_extraction.extract_documents(chunks.done, index.store, set(), None, Scripted(), None, None, "test")
     lexical.flatten_documents(chunks.done, index.store)
     return doc_id
 

@@ -10,7 +10,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from lexgraph.indexing import lexical
+from lexgraph.indexing import lexical_extraction
 from lexgraph.indexing.corpus_skeleton import read_selection_diff
 from lexgraph.indexing.corpus_state import CorpusFiles
 from lexgraph.extract.extraction_cache import ExtractionCache
@@ -90,7 +90,7 @@ def test_only_skeleton_chunks_reach_the_llm_then_cache_and_prompt_versions(tiny_
     assert sorted(extractions["chunk_id"]) == sorted(texts)  # every chunk has one extraction
     by_llm = extractions.filter(pl.col("extractor") == "openai")
     assert set(by_llm["chunk_id"]) == set(skeleton["chunk_id"]) and set(by_llm["outcome"]) == {"ok"}
-    assert set(by_llm["prompt_version"]) == {lexical.llm_prompt_version(settings)}
+    assert set(by_llm["prompt_version"]) == {lexical_extraction.llm_prompt_version(settings)}
     assert set(extractions.filter(pl.col("extractor") != "openai")["extractor"]) == {"nlp"}
     # provenance on the nodes: LLM statements come from skeleton chunks, offline ones from the rest
     rows = query(settings, "MATCH (s:Statement)-[:EXTRACTED_FROM]->(c:Chunk) RETURN s.extractor AS extractor, "
@@ -143,7 +143,7 @@ def test_only_skeleton_chunks_reach_the_llm_then_cache_and_prompt_versions(tiny_
     # a prompt change (other entity types) is a new code version, and `reextract` re-extracts exactly the
     # skeleton chunks; run again, it finds nothing left to do
     changed = settings.with_(entity_types=("person", "organization", "location", "other"))
-    assert lexical.llm_prompt_version(changed) != lexical.llm_prompt_version(settings)
+    assert lexical_extraction.llm_prompt_version(changed) != lexical_extraction.llm_prompt_version(settings)
     old, new = code_versions(settings), code_versions(changed)
     assert {name for name in old if old[name] != new[name]} == {
         "chunk_extractions", "document_statements", "document_topics", "document_facts", "document_entities",
@@ -155,7 +155,7 @@ def test_only_skeleton_chunks_reach_the_llm_then_cache_and_prompt_versions(tiny_
     assert sorted(sent(llm, before)) == sorted(texts[c] for c in skeleton["chunk_id"])
     assert redone.lexical_ok
     versions = query(settings, "MATCH (s:Statement) WHERE s.extractor = 'openai' RETURN DISTINCT s.prompt_version AS v")
-    assert versions["v"].to_list() == [lexical.llm_prompt_version(changed)]
+    assert versions["v"].to_list() == [lexical_extraction.llm_prompt_version(changed)]
     assert reextract_index(instance, changed, progress=False).documents == {} and llm.calls - before == skeleton.height
     # the console command, under the same settings from the environment, agrees: nothing left to do
     for variable, value in {"LEXGRAPH_LLM_BASE_URL": llm.base_url, "LEXGRAPH_LLM_MODEL": MODEL, "LEXGRAPH_BETA": "0.5",
@@ -293,7 +293,7 @@ def test_pii_is_masked_before_anything_reaches_the_llm(tmp_path, home, instance,
               "Her resident registration number is 900101-1234567 and her card is 4111 1111 1111 1111.\n")
     (inbox / "contact.md").write_text(source)
     settings = llm_settings(home, inbox, llm, beta=1.0, pii_masking="on")
-    assert lexical.llm_prompt_version(settings) != lexical.llm_prompt_version(settings.with_(pii_masking="off"))
+    assert lexical_extraction.llm_prompt_version(settings) != lexical_extraction.llm_prompt_version(settings.with_(pii_masking="off"))
     assert ingest_folder(inbox, instance, settings=settings, progress=False).failed == {}
     assert llm.calls >= 1
     seen = llm.all_text()
@@ -319,8 +319,8 @@ def test_failed_calls_keep_the_offline_extraction_and_a_failed_masking_sends_not
     skeleton = {f"{doc}-c{i}" for doc, chunks in texts.items() for i in range(len(chunks))}
     cache, ledger = ExtractionCache(settings.extraction_cache_dir), CostLedger(settings.ledger_dir)
     llm.fail_when("FAILME", "500")
-    extractor = lexical.llm_extractor(settings)
-    result = lexical.extract_documents(["d1"], store, skeleton, extractor, lexical.offline_extractor(settings),
+    extractor = lexical_extraction.llm_extractor(settings)
+    result = lexical_extraction.extract_documents(["d1"], store, skeleton, extractor, lexical_extraction.offline_extractor(settings),
                                        cache, ledger, "run-1")
     rows = {r["chunk_id"]: r for r in store.read("extractions", "d1").iter_rows(named=True)}
     assert rows["d1-c0"]["extractor"] == "openai" and rows["d1-c0"]["outcome"] == "ok"
@@ -331,7 +331,7 @@ def test_failed_calls_keep_the_offline_extraction_and_a_failed_masking_sends_not
     recorded = ledger.read().filter(pl.col("chunk_id") == "d1-c1").row(0, named=True)
     assert recorded["outcome"].startswith("failed") and recorded["attempts"] == 2  # first try and one retry
     assert ExtractionCache(settings.extraction_cache_dir).get(  # a failure is never cached
-        lexical.key_for(extractor.cache_text(lexical.chunk_inputs(store.read("chunks", "d1"))[1]), MODEL,
+        lexical_extraction.key_for(extractor.cache_text(lexical_extraction.chunk_inputs(store.read("chunks", "d1"))[1]), MODEL,
                         extractor.prompt_version)) is None
 
     def masker(text):
@@ -340,8 +340,8 @@ def test_failed_calls_keep_the_offline_extraction_and_a_failed_masking_sends_not
         return mask_pii(text)
 
     calls = llm.calls
-    masked = OpenAIExtractor(lexical.llm_config(settings), masker=masker)
-    result = lexical.extract_documents(["d2"], store, skeleton, masked, lexical.offline_extractor(settings),
+    masked = OpenAIExtractor(lexical_extraction.llm_config(settings), masker=masker)
+    result = lexical_extraction.extract_documents(["d2"], store, skeleton, masked, lexical_extraction.offline_extractor(settings),
                                        cache, ledger, "run-2", masker=masker)
     assert llm.calls == calls  # neither of the document's chunks was sent
     assert "PII masking failed" in result.figures["d2"]["not_sent"]

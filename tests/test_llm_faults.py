@@ -30,7 +30,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from lexgraph.indexing import lexical, lexical_tables, pipeline
+from lexgraph.indexing import lexical, lexical_extraction, lexical_tables, pipeline
 from lexgraph.indexing.corpus_state import CorpusFiles
 from lexgraph.extract.extraction_cache import ExtractionCache
 from lexgraph.extract.llm_client import CIRCUIT_OPEN, LLMFailure, StructuredLLM
@@ -116,7 +116,7 @@ def nightly_extraction(settings: Settings, instance: dg.DagsterInstance, catalog
 
 def extraction_rows(settings: Settings, runs: list | None = None) -> pl.DataFrame:
     """The extraction stage's ledger rows (of these runs)."""
-    rows = CostLedger(settings.ledger_dir).read().filter(pl.col("stage") == lexical.EXTRACTION_STAGE)
+    rows = CostLedger(settings.ledger_dir).read().filter(pl.col("stage") == lexical_extraction.EXTRACTION_STAGE)
     return rows if runs is None else rows.filter(pl.col("run_id").is_in([run.run_id for run in runs]))
 
 
@@ -352,7 +352,7 @@ def test_a_ledger_merge_killed_midway_counts_every_row_once_and_refused_calls_ar
     """The extraction writes each paid call's row at once (a part each), then merges a document's parts into
     one; killed between writing the merged part and deleting the others, every row still counts once."""
     ledger = CostLedger(tmp_path / "ledger")
-    row = {"run_id": "r", "stage": lexical.EXTRACTION_STAGE, "model": MODEL, "doc_id": "d"}
+    row = {"run_id": "r", "stage": lexical_extraction.EXTRACTION_STAGE, "model": MODEL, "doc_id": "d"}
     parts = [ledger.record([{**row, "chunk_id": f"c{i}", "prompt_tokens": 10, "attempts": 2}]) for i in range(3)]
     parts.append(ledger.record([{**row, "chunk_id": "c3", "cache_hit": True, "attempts": 0},
                                 {**row, "chunk_id": "c4", "outcome": f"failed: {CIRCUIT_OPEN}", "attempts": 0}]))
@@ -364,7 +364,7 @@ def test_a_ledger_merge_killed_midway_counts_every_row_once_and_refused_calls_ar
     totals = ledger.totals(by=[]).row(0, named=True)
     assert (totals["calls"], totals["cache_hits"], totals["refused"], totals["requests"], totals["prompt_tokens"]) == (
         4, 1, 1, 6, 30)
-    figures = lexical.llm_failure_figures(ledger.read(), "r")
+    figures = lexical_extraction.llm_failure_figures(ledger.read(), "r")
     assert figures == {"batch_llm_failures": 0, "batch_llm_failure_reasons": {}, "batch_llm_refused_circuit_open": 1}
 
 
@@ -501,7 +501,7 @@ def test_kill_9_during_extraction_then_rerun_equals_a_clean_build_and_pays_no_ca
     assert written < set(cached_chunks(home))  # killed between a paid call and its document's write
     # and the documents it wrote were not flattened yet: their statements are still the offline ones
     written_docs = sorted({rows[chunk]["doc_id"] for chunk in written})
-    assert written_docs and lexical.documents_with_unflattened_extractions(
+    assert written_docs and lexical_extraction.documents_with_unflattened_extractions(
         ExtractStore(settings.extract_dir), sorted({row["doc_id"] for row in rows.values()})) == written_docs
 
     # one chunk the dead run had not reached fails in the re-run (and in the clean build, for the comparison)

@@ -12,7 +12,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from lexgraph.indexing.lexical import EXTRACTION_STAGE
+from lexgraph.indexing.lexical_extraction import EXTRACTION_STAGE
 from lexgraph.indexing.pipeline import CHUNKS, EXTRACTIONS
 from lexgraph.extract.llm_config import LLMConfig
 from lexgraph.extract.llm_extractor import OpenAIExtractor

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from lexgraph.indexing.lexical import OfflineRows
+from lexgraph.indexing.lexical_extraction import OfflineRows
 from lexgraph.extract.nlp_extractor import NLPExtractor
 from lexgraph.extract import keywords
 from lexgraph.extract.keywords import extract_keywords

@@ -30,7 +30,7 @@ from lexgraph.storage.vector_store import VectorStore
 
 SOURCES, CHUNKS, VECTORS = "sources", "chunks", "vectors"
 KEYWORDS, KEYWORD_STATS = "keywords", "keyword_stats"
-# The lexical graph's per-document stages (lexgraph.indexing.lexical writes them).
+# The lexical graph's per-document stages (lexgraph.indexing.lexical_extraction and lexical write them).
 EXTRACTIONS = "extractions"
 STATEMENTS, TOPICS, FACTS, ENTITIES, RELATIONS = "statements", "topics", "facts", "entities", "relations"
 # Cost-ledger stages of the embedding calls.
