@@ -157,30 +157,28 @@ class NLPExtractor:
 
     def extract_texts(self, texts: Sequence[tuple[str, str]]) -> list[ChunkExtraction]:
         lines_of = [read_lines(text, heading) if text and text.strip() else [] for text, heading in texts]
+        docs: dict[tuple[int, int], list] = {}
         parts = [(c, i, piece) for c, lines in enumerate(lines_of) for i, line in enumerate(lines)
                  if line.kind != "table" for piece in pieces(line.text, MAX_LINE_CHARS)]
-        docs: dict[tuple[int, int], list] = {}
-        if parts:
-            nlp = nlp_model.load(DISABLED)
-            for (c, i, _), doc in zip(parts, nlp.pipe((p for _, _, p in parts), batch_size=self.batch_size)):
-                docs.setdefault((c, i), []).append(doc)
         # a table's cells are parsed one by one: a row read as one sentence confuses the tagger and NER
-        cells = [(c, i, cell) for c, lines in enumerate(lines_of) for i, line in enumerate(lines)
-                 if line.kind == "table" for _, cell in line.cells]
-        if cells:
-            nlp = nlp_model.load(DISABLED)
-            for (c, i, _), doc in zip(cells, nlp.pipe((cell for _, _, cell in cells), batch_size=self.batch_size)):
-                docs.setdefault((c, i), []).append(doc)
-        # the headings over a chunk's lines name what it is about: their names are the chunk's entities too
-        headings = [(c, topic) for c, lines in enumerate(lines_of) for topic in dict.fromkeys(
-            line.topic for line in lines if line.topic)]
-        heading_docs: dict[int, list] = {}
-        if headings:
-            nlp = nlp_model.load(DISABLED)
-            for (c, _), doc in zip(headings, nlp.pipe((t for _, t in headings), batch_size=self.batch_size)):
-                heading_docs.setdefault(c, []).append(doc)
-        return [self._chunk(lines, [docs.get((c, i), []) for i in range(len(lines))], heading_docs.get(c, []))
+        parts += [(c, i, cell) for c, lines in enumerate(lines_of) for i, line in enumerate(lines)
+                  if line.kind == "table" for _, cell in line.cells]
+        for (c, i, _), doc in zip(parts, self._parse([text for _, _, text in parts])):
+            docs.setdefault((c, i), []).append(doc)
+        # the headings over a chunk's lines name what it is about: their names are the chunk's entities too;
+        # the chunks of one section share its heading, parsed once
+        topics = [list(dict.fromkeys(line.topic for line in lines if line.topic)) for lines in lines_of]
+        unique = list(dict.fromkeys(topic for chunk_topics in topics for topic in chunk_topics))
+        heading_doc = dict(zip(unique, self._parse(unique)))
+        return [self._chunk(lines, [docs.get((c, i), []) for i in range(len(lines))],
+                            [heading_doc[topic] for topic in topics[c]])
                 for c, lines in enumerate(lines_of)]
+
+    def _parse(self, texts: list[str]) -> list:
+        """spaCy's parses of ``texts``, in order, through one nlp.pipe stream."""
+        if not texts:
+            return []
+        return list(nlp_model.load(DISABLED).pipe(texts, batch_size=self.batch_size))
 
     # -- one chunk ----------------------------------------------------------------------------
 
@@ -314,7 +312,7 @@ class NLPExtractor:
             if resolved not in keys:
                 keys.append(resolved)
         statement = f"{line.speaker}: {text}" if line.speaker else text
-        facts = self._facts(sent, at, entities, resolved)
+        facts = SentenceFacts(sent, at, resolved).read()
         root_subject = next((t for t in sent.root.children if t.dep_ in SUBJECTS), None)
         subject_key = at.get(root_subject.i) if root_subject is not None else None
         if subject_key is None and replaced is not None:
@@ -344,13 +342,6 @@ class NLPExtractor:
                 c.dep_ in ("ccomp", "xcomp") for c in sent.root.children)):
             return None, None  # "It is important to ..." names nothing
         return key, subject
-
-    # -- facts --------------------------------------------------------------------------------
-
-    @staticmethod
-    def _facts(sent, at: dict[int, str], entities: dict[str, _Entity],
-               resolved: str | None) -> list[tuple[str, str, str]]:
-        return SentenceFacts(sent, at, resolved).read()
 
     def _table_row(self, line: Line, cell_docs: list, entities: dict[str, _Entity]) -> _Sentence:
         """A table row: the names in its cells are entities, and a cell that is one name is that entity (the
