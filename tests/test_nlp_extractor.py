@@ -261,3 +261,14 @@ def test_configured_entity_types(chunks):
     narrow = NLPExtractor(entity_types=["person", "organization"])
     types = {entity.type for outcome in narrow.extract_many(chunks) for entity in outcome.extraction.entities}
     assert types <= {"person", "organization", "other"}
+
+
+def test_a_predicate_is_words_never_a_parse_run_through_punctuation_or_numbers(extractor):
+    passages = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "hotpotqa-hipporag" / "corpus"
+    if not passages.is_dir():
+        pytest.skip("../shared/datasets is not here")
+    # Wikipedia openings whose appositions the parser runs through brackets, commas and dates
+    text = "\n".join((passages / name).read_text() for name in ("p0092a17d4e.txt", "p0570941c65.txt"))
+    extraction = extractor.extract(ChunkInput("c", "d", text)).extraction
+    predicates = [f.predicate for _, statement in extraction.statements() for f in statement.facts]
+    assert all(re.fullmatch(r"[a-z'’ -]+", predicate) for predicate in predicates), predicates
