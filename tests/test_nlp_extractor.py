@@ -272,3 +272,12 @@ def test_a_predicate_is_words_never_a_parse_run_through_punctuation_or_numbers(e
     extraction = extractor.extract(ChunkInput("c", "d", text)).extraction
     predicates = [f.predicate for _, statement in extraction.statements() for f in statement.facts]
     assert all(re.fullmatch(r"[a-z'’ -]+", predicate) for predicate in predicates), predicates
+
+
+def test_co_occurrence_relates_the_pairs_no_fact_relates(extractor):
+    text = "Erik Lunde, chairman of Halvorsen Maritime, opened the meeting in Bergen."
+    relations = {(r.source, r.predicate, r.target) for r in extractor.extract(ChunkInput("c", "d", text)).extraction.relations}
+    assert ("Erik Lunde", "is chairman of", "Halvorsen Maritime") in relations
+    pairs = {frozenset((s, t)): p for s, p, t in relations}
+    assert pairs[frozenset(("Halvorsen Maritime", "Bergen"))] == "co-occurs with"  # no fact between them
+    assert pairs[frozenset(("Erik Lunde", "Halvorsen Maritime"))] != "co-occurs with"  # the fact wins

@@ -20,9 +20,11 @@ every line is parsed by en_core_web_sm (lexgraph.extract.nlp), in batches throug
   appositions ("Annika Vogt, CEO of Kestrel") and conjoined objects. The subject must be an entity (or a
   pronoun resolved to one); the object is an entity, a value or a noun phrase. A table row gives
   (first cell, column header, cell).
-- **Relations** are the facts between two entities (strength 0.9). Entities named in one sentence with
-  no fact between them are related "co-occurs with", a weak fallback (strength ≤ 0.5, growing with the
-  sentences they share).
+- **Relations** are the facts between two entities (strength 0.9). Two entities named in one sentence
+  that no fact of the chunk relates are "co-occurs with", a weak fallback (strength ≤ 0.5, growing with
+  the sentences they share): the parse relates a subject to its objects, not the objects to each other
+  or to a name in a subordinate clause, and the entity hop and path walk run on relations. A table row
+  has none: its cells relate to its first cell.
 - **Topics**: the chunk's heading; without one, its main noun phrases (the most frequent subjects and
   objects, chat speakers excluded).
 
@@ -55,7 +57,7 @@ from lexgraph.ids import short_hash
 
 RULES_VERSION = ("nlp-rules v1: en_core_web_sm 3.8.0 sentences, NER types, named noun chunks and heading names, "
                  "proper-noun runs, compact timestamps, dependency facts, "
-                 "pronoun subjects, fact relations, weak co-occurrence")
+                 "pronoun subjects, fact relations, weak co-occurrence of every pair no fact relates")
 DISABLED = ("lemmatizer",)  # the rest (tagger, attribute_ruler for POS, parser, ner) is used
 NER_TYPES: dict[str, str] = {
     "PERSON": "person", "ORG": "organization", "GPE": "location", "LOC": "location", "FAC": "location",
@@ -437,8 +439,8 @@ class NLPExtractor:
                 {"text": part, "facts": facts if i == 0 else []} for i, part in enumerate(parts))
             keys = [aliases.get(k, k) for k in sentence.keys]
             named = [k for k in dict.fromkeys(keys) if kinds.get(k) not in ("date", "money")][:MAX_PAIR_ENTITIES]
-            if any(fact["object"].casefold() in names for fact in facts):
-                named = []  # the parse related this sentence's entities: no co-occurrence guesses beside it
+            if sentence.line.kind == "table":
+                named = []  # a row's structure is known: its cells relate to its first cell, not to each other
             for i, left in enumerate(named):
                 for right in named[i + 1:]:
                     pair = (left, right) if left < right else (right, left)
