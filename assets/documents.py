@@ -309,10 +309,7 @@ def document_graph(context: dg.AssetExecutionContext, index: IndexResource, lanc
         result = pipeline.load_graph(ready, store, graph, lancedb.get())
         if result.done:
             index.corpus_files().forget_built()
-        orphans = graph.query(
-            "MATCH (c:Chunk) WHERE c.doc_id IN $ids AND NOT EXISTS { MATCH (c)-[:PART_OF]->(:Source) } "
-            "RETURN count(c) AS n", {"ids": ready}
-        )["n"][0] if ready else 0
+        orphans = graph.chunks_without_source(ready)
     hashes = stored_hashes(store, step_partition_keys(context))
     describe_partitions(context, result, pipeline.VECTORS, hashes=hashes)
     return dg.MaterializeResult(

@@ -19,9 +19,9 @@ from assets.catalog import CORPUS, EXTRACTION, spec_kwargs, with_catalog
 from assets.documents import (_report_failures, _status, batch_metadata, describe_partitions, document_chunks,
                               document_graph, stored_hashes, with_output)
 from assets.partitions import GRAPH_WRITER_POOL, batched, documents, step_partition_keys
-from assets.skeleton import _corpus_version, skeleton_selection
-from lexgraph.indexing import lexical, lexical_extraction, pipeline
-from lexgraph.indexing.corpus_state import LEXICAL_GRAPH, catalog_digest
+from assets.corpus_result import corpus_result
+from assets.skeleton import skeleton_selection
+from lexgraph.indexing import corpus_update, lexical, lexical_extraction, pipeline
 from lexgraph.ids import content_hash
 from resources import EmbedderResource, ExtractorResource, IndexResource, KuzuResource, LanceDBResource
 
@@ -257,48 +257,12 @@ def _table(counts: dict[str, int]) -> str:
 )
 def lexical_graph(context: dg.AssetExecutionContext, index: IndexResource, lancedb: LanceDBResource,
                   kuzu: KuzuResource, embedder: EmbedderResource) -> dg.MaterializeResult:
-    store, files, vectors = index.extract_store(), index.corpus_files(), lancedb.get()
-    indexed = vectors.indexed_hashes()  # the catalog this build is made from
-    digest = catalog_digest(indexed)
-    inputs = files.lexical_inputs_digest(indexed)  # before reading: a write during the build is not missed
-    with kuzu.writer() as graph:
-        result = lexical.build_lexical_graph(sorted(indexed), store, graph, vectors, embedder.get(), index.ledger(),
-                                             context.run.run_id, merges_path=files.entity_merges,
-                                             state_dir=files.lexical_state)
-        unanchored = {
-            "statements_without_chunk": graph.query(
-                "MATCH (s:Statement) WHERE NOT EXISTS { MATCH (s)-[:EXTRACTED_FROM]->(:Chunk) } RETURN count(s) AS n")["n"][0],
-            "facts_without_statement": graph.query(
-                "MATCH (f:Fact) WHERE NOT EXISTS { MATCH (f)-[:SUPPORTS]->(:Statement) } RETURN count(f) AS n")["n"][0],
-            "entities_without_chunk": graph.query(
-                "MATCH (e:Entity) WHERE NOT EXISTS { MATCH (e)-[:MENTIONED_IN]->(:Chunk) } RETURN count(e) AS n")["n"][0],
-        }
-    if result.missing:
-        context.log.warning(f"{len(result.missing)} indexed document(s) have no lexical tables yet (not extracted): "
-                            + ", ".join(result.missing[:10]))
-    if result.damaged:  # those documents keep what they had (or stay out); every run names the files
-        context.log.error("damaged lexical tables, not read: " + "; ".join(result.damaged.values()))
-    files.record_lexical_inputs(inputs)
-    files.record_built(LEXICAL_GRAPH, digest, index.settings())
+    outcome, result = corpus_update.update_lexical_graph(
+        index.corpus_files(), index.extract_store(), lancedb.get(), kuzu.writer, embedder.get(), index.ledger(),
+        context.run.run_id, index.settings())
     totals = index.ledger().totals(by=["stage", "model"], run_id=context.run.run_id)
-    return dg.MaterializeResult(
-        metadata={"catalog_documents": len(indexed), "catalog_digest": digest, "documents": len(result.documents),
-                  "documents_without_extractions": dg.MetadataValue.json(result.missing),
-                  **{t.lower(): n for t, n in result.counts.items() if t in ("Statement", "Topic", "Fact", "Entity")},
-                  "graph": dg.MetadataValue.md(_table(result.counts)),
-                  **result.figures(), "written": dg.MetadataValue.json(result.written),
-                  "document_changes": dg.MetadataValue.json(result.changes),
-                  "damaged_lexical_tables": dg.MetadataValue.json(result.damaged),
-                  "entity_merges": result.merges, "merged_surface_form_mentions": result.merged_surface_forms,
-                  "merges_path": dg.MetadataValue.path(str(files.entity_merges)),
-                  "newly_embedded": dg.MetadataValue.json(result.embedded),
-                  "batch_embedding_tokens": result.embedding_tokens,
-                  "ledger_this_run": dg.MetadataValue.md(_ledger_markdown(totals))},
-        data_version=_corpus_version(context, f"{digest}|{result.digest}"),
-        check_results=[dg.AssetCheckResult(check_name="lexical_nodes_are_anchored",
-                                           passed=not any(unanchored.values()),
-                                           metadata={k: int(v) for k, v in unanchored.items()})],
-    )
+    return corpus_result(context, outcome, "lexical_nodes_are_anchored", graph=dg.MetadataValue.md(_table(result.counts)),
+                         ledger_this_run=dg.MetadataValue.md(_ledger_markdown(totals)))
 
 
 def _ledger_markdown(totals: pl.DataFrame) -> str:

@@ -1,14 +1,14 @@
 """The corpus's LanceDB search indexes (ANN vectors, full text, ids, keyword links), built once the corpus
 reaches LEXGRAPH_LANCE_THRESHOLD chunks so that query processes need not load it (lexgraph.query.lance_backend).
-The engine side is lexgraph.storage.lance_indexes; this asset only decides when and records what it did."""
+The engine side is lexgraph.indexing.corpus_update.update_search_indexes; this asset shows what it did."""
 
 import dagster as dg
 
 from assets.catalog import CORPUS, spec_kwargs
 from assets.partitions import GRAPH_WRITER_POOL
 from assets.skeleton import keyword_index, skeleton_selection
-from lexgraph.indexing import corpus_keywords, corpus_state
-from lexgraph.storage import lance_indexes
+from assets.corpus_result import corpus_result
+from lexgraph.indexing import corpus_update
 from resources import IndexResource, LanceDBResource
 
 
@@ -23,25 +23,12 @@ from resources import IndexResource, LanceDBResource
 )
 def search_indexes(context: dg.AssetExecutionContext, index: IndexResource,
                    lancedb: LanceDBResource) -> dg.MaterializeResult:
-    settings, store, files = index.settings(), lancedb.get(), index.corpus_files()
-    indexed = store.indexed_hashes()  # the catalog this update is made from
-    digest = corpus_state.catalog_digest(indexed)
-    chunks = store.count("chunks")
-    common = {"chunks": chunks, "threshold": settings.lance_threshold, "query_backend": settings.query_backend,
-              "catalog_digest": digest}
-    if chunks == 0 or not settings.uses_lance(chunks):
-        context.log.info(f"{chunks} chunks, below LEXGRAPH_LANCE_THRESHOLD={settings.lance_threshold}: queries "
+    outcome = corpus_update.update_search_indexes(index.corpus_files(), index.extract_store(), lancedb.get(),
+                                                  index.settings())
+    figures = outcome.figures
+    if "seconds" in figures:
+        context.log.info(f"search indexes: {figures['decision']} over {figures['chunks']} chunks in {figures['seconds']} s")
+    else:
+        context.log.info(f"{figures['chunks']} chunks, below LEXGRAPH_LANCE_THRESHOLD={figures['threshold']}: queries "
                          "load the index into memory; no search indexes built")
-        files.record_built(corpus_state.SEARCH_INDEXES, digest, settings)
-        return dg.MaterializeResult(metadata={**common, "decision": "below threshold: none"})
-    extract = index.extract_store()
-    links = lance_indexes.DocumentLinks(indexed, lambda docs: corpus_keywords.keyword_chunk_links(extract, docs))
-    report = lance_indexes.refresh(store, files.root, links)
-    files.record_built(corpus_state.SEARCH_INDEXES, digest, settings)  # last: a crash before it leaves the step out of step
-    context.log.info(f"search indexes: {report['decision']} over {chunks} chunks in {report['seconds']} s")
-    return dg.MaterializeResult(metadata={
-        **common, "decision": report["decision"], "seconds": report["seconds"],
-        "build_seconds": dg.MetadataValue.json(report["build_seconds"]),
-        "keyword_links": dg.MetadataValue.json(report["keyword_links"]),
-        "unindexed_rows": report["unindexed_rows"],
-        "state": dg.MetadataValue.path(str(lance_indexes.state_path(files.root)))})
+    return corpus_result(context, outcome)

@@ -445,6 +445,30 @@ class GraphStore:
         """Run a statement that returns count(*)."""
         return int(self.conn.execute(cypher, parameters or {}).get_next()[0])
 
+    # -- the corpus checks' queries ------------------------------------------------------------------
+
+    def chunks_without_source(self, doc_ids: list[str]) -> int:
+        """Chunks of these documents with no PART_OF edge to their Source."""
+        if not doc_ids:
+            return 0
+        return self._count("MATCH (c:Chunk) WHERE c.doc_id IN $ids AND NOT EXISTS { MATCH (c)-[:PART_OF]->(:Source) } "
+                           "RETURN count(c)", {"ids": list(doc_ids)})
+
+    def keywords_without_chunks(self) -> int:
+        """Keyword nodes with no KEYWORD_IN edge (left from a removed document)."""
+        return self._count("MATCH (k:Keyword) WHERE NOT EXISTS { MATCH (k)-[:KEYWORD_IN]->(:Chunk) } RETURN count(k)")
+
+    def unanchored_lexical_nodes(self) -> dict[str, int]:
+        """Statements without a chunk, facts without a statement, entities mentioned in no chunk."""
+        return {
+            "statements_without_chunk": self._count(
+                "MATCH (s:Statement) WHERE NOT EXISTS { MATCH (s)-[:EXTRACTED_FROM]->(:Chunk) } RETURN count(s)"),
+            "facts_without_statement": self._count(
+                "MATCH (f:Fact) WHERE NOT EXISTS { MATCH (f)-[:SUPPORTS]->(:Statement) } RETURN count(f)"),
+            "entities_without_chunk": self._count(
+                "MATCH (e:Entity) WHERE NOT EXISTS { MATCH (e)-[:MENTIONED_IN]->(:Chunk) } RETURN count(e)"),
+        }
+
     def tables(self) -> set[str]:
         """Names of the node and rel tables (a graph written before a table was added lacks it)."""
         if self.conn is None:
