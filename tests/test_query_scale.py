@@ -279,11 +279,11 @@ def _per_clause(lance: Retriever) -> Retriever:
     """The same index answered the way it was before batching: each clause's channels on their own."""
     from dataclasses import replace
 
-    from lexgraph.query.lance_backend import LanceSearch
+    from lexgraph.query.lance_backend import LanceBackend, LanceSearch
 
-    search = lance.index.lance
+    search = lance.index.backend.search
     old = LanceSearch(search.store, search.rows, replace(search.params, batched=False))
-    return Retriever(replace(lance.index, lance=old), lance.embed, lance.params, lance.embed_batch)
+    return Retriever(replace(lance.index, backend=LanceBackend(old)), lance.embed, lance.params, lance.embed_batch)
 
 
 def _as_dict(hits) -> dict[int, float]:
@@ -295,8 +295,8 @@ def test_batched_hybrid_equals_one_retrieval_per_clause(pair):
     from lexgraph.query.retrieval import sub_queries
 
     _, lance = pair
-    search, old = lance.index.lance, _per_clause(lance)
-    assert search.params.batched and not old.index.lance.params.batched
+    search, old = lance.index.backend.search, _per_clause(lance)
+    assert search.params.batched and not old.index.backend.search.params.batched
     for question in [*COMPOUND, *QUESTIONS]:
         texts = [question, *sub_queries(question)]
         vectors = [lance.embed(t) for t in texts]
@@ -365,7 +365,7 @@ def test_a_100_kb_text_and_odd_characters_reach_lancedb_cleanly(pair):
     unit = np.zeros(len(lance.embed("probe")), dtype=np.float32)
     unit[0] = 1.0
     for text in (words, "\x00\x01", "'; DROP TABLE chunks; --", "Kestrel's \"engine\" (fault) AND NOT"):
-        rows, scores = lance.index.lance.hybrid([text], lambda texts: [unit for _ in texts], lance.params, 0)
+        rows, scores = lance.index.backend.search.hybrid([text], lambda texts: [unit for _ in texts], lance.params, 0)
         assert len(rows) == len(scores) and np.all(np.isfinite(scores))
 
 
@@ -385,7 +385,7 @@ def test_nprobes_covers_a_share_of_the_partitions_and_never_less_than_the_floor(
     from lexgraph.query.lance_backend import LanceSearch
     from lexgraph.storage import lance_indexes as li
 
-    search = pair[1].index.lance
+    search = pair[1].index.backend.search
     partitions = li.ann_partitions(search.states[li.ANN_INDEX].indexed)
     assert search.nprobes == max(search.params.nprobes, math.ceil(search.params.probe_share * partitions))
     floor = LanceSearch(search.store, search.rows, replace(search.params, nprobes=1, probe_share=0.5))

@@ -197,9 +197,9 @@ class QueryEngine:
             return fused
         hybrid = self.retriever.scores("hybrid", question) if hybrid is None else hybrid
         rows, _ = ranks_of(hybrid, max(lead * 8, 50))
-        chunks = self.retriever.index.chunks
-        if self.retriever.index.lance is not None:
-            chunks.fetch(rows)
+        index = self.retriever.index
+        chunks = index.chunks
+        index.backend.fetch(index, rows)
         documents, head = set(), []
         for row in rows.tolist():
             doc = chunks.row(row, named=True)["doc_id"]

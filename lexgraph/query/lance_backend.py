@@ -36,7 +36,8 @@ import polars as pl
 
 from lexgraph.extract.keywords import sentence_keywords
 from lexgraph.query.bm25 import tokenize
-from lexgraph.query.fusion import rank_shares, score_shares
+from lexgraph.query.fusion import rank_shares, score_shares, spread
+from lexgraph.query.retrieval_types import PREFETCH_ROWS
 from lexgraph.storage import lance_indexes as li
 from lexgraph.storage.vector_store import CHUNKS, KEYWORDS, VectorStore, _in_list
 
@@ -336,11 +337,49 @@ def fuse(rankings: list[tuple[np.ndarray, np.ndarray, float]], fusion: str, dept
     return top(unique[keep], fused[keep], len(unique))
 
 
+class LanceBackend:
+    """The chunk channels of RetrievalIndex.backend answered by LanceDB (:class:`LanceSearch`); the memory
+    backend (lexgraph.query.memory_backend) answers the same calls from arrays. Hits come back as score
+    arrays of N floats (-inf where none), so fusion and the answer code need not know which backend ran."""
+
+    name = "lance"
+
+    def __init__(self, search: LanceSearch):
+        self.search = search
+
+    def dense(self, index, query_vector: np.ndarray) -> np.ndarray:
+        return spread(index.size, *self.search.dense(query_vector))
+
+    def bm25(self, index, query: str, params) -> np.ndarray:
+        return spread(index.size, *self.search.fts(query, tokenize(query, params.split_camel_case)))
+
+    def keyword(self, index, query: str, query_vector: np.ndarray, params) -> np.ndarray:
+        return spread(index.size, *self.search.keyword(query, query_vector, params.keyword_top,
+                                                       params.keyword_exact_weight, params.keyword_evidence_weight))
+
+    def hybrid(self, index, texts: list[str], embed_many, params, parts: int) -> np.ndarray | None:
+        """Every text's channels in batched LanceDB queries (None when the batching is off: the retriever then
+        fuses channel by channel)."""
+        if not self.search.params.batched:
+            return None
+        rows, values = self.search.hybrid(texts, embed_many, params, parts)
+        index.chunks.fetch(rows[:PREFETCH_ROWS])  # what the context reads first: one take
+        return spread(index.size, rows, values)
+
+    def fetch(self, index, rows: np.ndarray) -> None:
+        """Rows about to be read: one LanceDB take, not one each."""
+        index.chunks.fetch(rows)
+
+    def with_params(self, index, params):
+        """LanceDB's full-text index has its own BM25: the knobs change nothing here."""
+        return index
+
+
 def warm_lance(index) -> None:
     """One query through each channel and a row fetch, on words of the term sample, so that LanceDB opens
     the ANN, full-text, BTREE and keyword indexes now rather than at the first question. index: the
     RetrievalIndex of load_lance_index. Best effort: a failure here is the first question's to report."""
-    search = index.lance
+    search = index.backend.search
     try:
         words = list(index.bm25.vocabulary)[:3] or ["index"]
         vector = np.zeros(search.chunks.schema.field("vector").type.list_size, dtype=np.float32)

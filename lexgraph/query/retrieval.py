@@ -23,11 +23,11 @@ import polars as pl
 import scipy.sparse as sp
 
 from lexgraph.indexing import corpus_keywords, corpus_state, knn_state
-from lexgraph.extract.keywords import sentence_keywords
 from lexgraph.query import graph_channels, path_channel
 from lexgraph.query.bm25 import BM25, tokenize
-from lexgraph.query.fusion import ranks_of, reciprocal_rank_fusion, score_fusion, spread
-from lexgraph.query.retrieval_types import Hit, KeywordGraph, RetrievalIndex, RetrievalParams
+from lexgraph.query.memory_backend import MemoryBackend
+from lexgraph.query.fusion import ranks_of, reciprocal_rank_fusion, score_fusion
+from lexgraph.query.retrieval_types import PREFETCH_ROWS, Hit, KeywordGraph, RetrievalIndex, RetrievalParams
 from lexgraph.settings import Settings
 from lexgraph.storage.extract_store import ExtractStore
 from lexgraph.storage.vector_store import KEYWORDS, VectorStore
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 METHODS = ("dense", "bm25", "keyword", "hybrid", "statement", "entity", "path")
 DEFAULT_TOP_N = 50
-PREFETCH_ROWS = 40  # the lance backend's hybrid ranking: rows read ahead in one take for the context
 CHUNK_COLUMNS = ("chunk_id", "doc_id", "order", "text", "char_start", "char_end", "token_count", "source_path",
                  "heading_path", "page_start", "page_end")
 
@@ -78,7 +77,8 @@ def load_index(settings: Settings, params: RetrievalParams | None = None) -> Ret
         bm25=BM25(chunks["text"].to_list(), params.bm25_k1, params.bm25_b, params.split_camel_case),
         keywords=_load_keywords(store, extract, chunks, position),
         neighbours=_load_neighbours(files, position), pagerank=_load_pagerank(files, position),
-        settings=settings, position=position, graph=graph_channels.load_lexical_graph(store, extract, position))
+        settings=settings, position=position, graph=graph_channels.load_lexical_graph(store, extract, position),
+        backend=MemoryBackend())
 
 
 def load_lance_index(settings: Settings, params: RetrievalParams | None = None,
@@ -94,7 +94,8 @@ def load_lance_index(settings: Settings, params: RetrievalParams | None = None,
     rows, search, terms = lance_backend.load(store, params.bm25_k1, params.bm25_b, params.split_camel_case,
                                              lance_params)
     return RetrievalIndex(chunks=rows, vectors=None, bm25=terms, keywords=None, neighbours=None, pagerank=None,
-                          settings=settings, position=lance_backend.FetchedPositions(rows), lance=search)
+                          settings=settings, position=lance_backend.FetchedPositions(rows),
+                          backend=lance_backend.LanceBackend(search))
 
 
 def _load_keywords(store: VectorStore, extract: ExtractStore, chunks: pl.DataFrame,
@@ -156,39 +157,14 @@ Embed = Callable[[str], np.ndarray]
 
 
 def dense_scores(index: RetrievalIndex, query_vector: np.ndarray) -> np.ndarray:
-    """NaiveRAG: cosine of the query with every chunk (vectors are L2-normalised); on the lance backend,
-    with the ANN index's top hits."""
-    if index.lance is not None:
-        return spread(index.size, *index.lance.dense(query_vector))
-    return index.vectors @ query_vector
+    """NaiveRAG: cosine of the query with the chunks (on the lance backend, the ANN index's top hits)."""
+    return index.backend.dense(index, query_vector)
 
 
 def keyword_scores(index: RetrievalIndex, query: str, query_vector: np.ndarray, params: RetrievalParams) -> np.ndarray:
-    """KET-RAG's keyword channel: the query's nearest keyword vectors and its own keywords found
-    verbatim, then the chunks those keywords link to, ranked by query–chunk cosine plus the keyword
-    evidence (Σ keyword weight × idf over the chunk's matched keywords, scaled to [0, 1])."""
-    if index.lance is not None:
-        return spread(index.size, *index.lance.keyword(query, query_vector, params.keyword_top,
-                                                       params.keyword_exact_weight, params.keyword_evidence_weight))
-    graph = index.keywords
-    scores = np.full(index.size, -np.inf)
-    if graph is None:
-        return scores
-    similarity = graph.unit_vectors @ query_vector
-    weights = np.zeros(len(graph.names))
-    top = min(params.keyword_top, len(graph.names))
-    if top:
-        chosen = np.argpartition(-similarity, top - 1)[:top]
-        weights[chosen] = np.clip(similarity[chosen], 0, None)
-    for keyword in sentence_keywords(query):
-        if keyword in graph.position:
-            i = graph.position[keyword]
-            weights[i] = max(weights[i], params.keyword_exact_weight)
-    active = np.flatnonzero(weights)
-    if not len(active):
-        return scores
-    evidence = graph.links[active].T @ (weights[active] * graph.idf[active])
-    return graph_channels.rerank_by_evidence(index, query_vector, evidence, params.keyword_evidence_weight)
+    """KET-RAG's keyword channel: the query's nearest keyword vectors and its own keywords found verbatim, then
+    the chunks those keywords link to, ranked by query–chunk cosine plus the keyword evidence."""
+    return index.backend.keyword(index, query, query_vector, params)
 
 
 _CLAUSE_SPLIT = re.compile(r"\b(?:before|after|when|while|once|and)\b", re.IGNORECASE)
@@ -237,12 +213,7 @@ class Retriever:
         return [self.embed(t) for t in texts]
 
     def _bm25(self, query: str) -> np.ndarray:
-        if self.index.lance is not None:
-            tokens = tokenize(query, self.params.split_camel_case)
-            return spread(self.index.size, *self.index.lance.fts(query, tokens))
-        scores = self.index.bm25.scores(query)
-        scores[scores <= 0] = -np.inf
-        return scores
+        return self.index.backend.bm25(self.index, query, self.params)
 
     def _channels(self, query: str, query_vector: np.ndarray) -> dict[str, np.ndarray]:
         wanted = {name for name, weight in self.params.fusion_weights if weight}
@@ -263,11 +234,10 @@ class Retriever:
         p = self.params
         parts = sub_queries(query) if p.decompose else []
         texts = [query, *parts]
-        lance = self.index.lance
-        if lance is not None and lance.params.batched:  # every text's channels in batched LanceDB queries
-            rows, values = lance.hybrid(texts, self.embed_many, p, len(parts))
-            self.index.chunks.fetch(rows[:PREFETCH_ROWS])  # what the context reads first: one take
-            return spread(self.index.size, rows, values)
+        backend = self.index.backend
+        batched = backend.hybrid(self.index, texts, self.embed_many, p, len(parts))
+        if batched is not None:
+            return batched
         vectors = self.embed_many(texts)
         per_text = [self._fuse(text, vector) for text, vector in zip(texts, vectors)]
         rankings = per_text[0]
@@ -278,8 +248,7 @@ class Retriever:
         else:
             fused = reciprocal_rank_fusion(rankings, self.index.size, p.rrf_k, p.fusion_depth)
         fused = self._expand(fused)
-        if self.index.lance is not None:  # the context reads the best of these: one LanceDB take, not one each
-            self.index.chunks.fetch(ranks_of(fused, PREFETCH_ROWS)[0])
+        backend.fetch(self.index, ranks_of(fused, PREFETCH_ROWS)[0])  # the context reads the best of these
         return fused
 
     def _expand(self, fused: np.ndarray) -> np.ndarray:
@@ -305,8 +274,7 @@ class Retriever:
     def hits(self, scores: np.ndarray, top_n: int = DEFAULT_TOP_N) -> list[Hit]:
         rows, _ = ranks_of(scores, top_n)
         chunks = self.index.chunks
-        if self.index.lance is not None:
-            chunks.fetch(rows)
+        self.index.backend.fetch(self.index, rows)
         out = []
         for rank, row in enumerate(rows.tolist(), 1):
             r = chunks.row(row, named=True)
@@ -319,9 +287,5 @@ class Retriever:
 def with_params(retriever: Retriever, **changes) -> Retriever:
     """The same index with other knobs (BM25 is rebuilt only when its own knobs change)."""
     params = replace(retriever.params, **changes)
-    index = retriever.index
-    if index.lance is None and (params.bm25_k1, params.bm25_b, params.split_camel_case) != (
-            index.bm25.k1, index.bm25.b, index.bm25.split_camel_case):
-        index = replace(index, bm25=BM25(index.chunks["text"].to_list(), params.bm25_k1, params.bm25_b,
-                                         params.split_camel_case))
+    index = retriever.index.backend.with_params(retriever.index, params)
     return Retriever(index, retriever.embed, params, retriever.embed_batch)

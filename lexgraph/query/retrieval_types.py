@@ -5,7 +5,7 @@ chunk (Hit). The channels (graph_channels, path_channel, lance_backend) and the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Callable, Protocol
 
 import numpy as np
 import polars as pl
@@ -15,8 +15,9 @@ from lexgraph.ids import document_key
 from lexgraph.query.bm25 import BM25
 from lexgraph.settings import Settings
 
-if TYPE_CHECKING:
-    from lexgraph.query.lance_backend import LanceSearch
+
+
+PREFETCH_ROWS = 40  # the hybrid ranking's best rows, read ahead in one take for the context (lance backend)
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,28 @@ class KeywordGraph:
     idf: np.ndarray  # ln(n_chunks / chunks holding the keyword): rare keywords say more
 
 
+class ChunkBackend(Protocol):
+    """The chunk channels as a backend answers them; each returns a score per chunk row, -inf where none."""
+
+    name: str
+
+    def dense(self, index: "RetrievalIndex", query_vector: np.ndarray) -> np.ndarray: ...
+
+    def bm25(self, index: "RetrievalIndex", query: str, params: RetrievalParams) -> np.ndarray: ...
+
+    def keyword(self, index: "RetrievalIndex", query: str, query_vector: np.ndarray,
+                params: RetrievalParams) -> np.ndarray: ...
+
+    def hybrid(self, index: "RetrievalIndex", texts: list[str], embed_many: Callable[[list[str]], list],
+               params: RetrievalParams, parts: int) -> np.ndarray | None:
+        """The hybrid ranking of texts[0] and its clauses in one batched pass, or None: fuse channel by channel."""
+
+    def fetch(self, index: "RetrievalIndex", rows: np.ndarray) -> None:
+        """Rows about to be read (the context's best hits): read together where reading costs."""
+
+    def with_params(self, index: "RetrievalIndex", params: RetrievalParams) -> "RetrievalIndex": ...
+
+
 @dataclass
 class RetrievalIndex:
     chunks: pl.DataFrame  # retrieval.CHUNK_COLUMNS; row i is vectors[i]
@@ -129,9 +152,10 @@ class RetrievalIndex:
     settings: Settings | None = None
     position: dict[str, int] = field(default_factory=dict)
     graph: LexicalGraph | None = None  # statements and entities (None parts: no lexical graph)
-    # the lance backend (lexgraph.query.lance_backend): channels answered by LanceDB's indexes; then chunks
-    # is a ChunkRows (rows fetched by id), bm25 a sample's TermStats, and no vectors, keywords or graph are held
-    lance: LanceSearch | None = None
+    # what answers the chunk channels: MemoryBackend (lexgraph.query.memory_backend) over the arrays above, or
+    # LanceBackend (lexgraph.query.lance_backend) over LanceDB's indexes; with the latter chunks is a ChunkRows
+    # (rows fetched by id), bm25 a sample's TermStats, and no vectors, keywords or graph are held
+    backend: ChunkBackend | None = None
 
     @property
     def size(self) -> int:
