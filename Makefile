@@ -23,7 +23,7 @@ install: bytecode
 
 # The project's modules compiled ahead (compileall skips those up to date): where PYTHONDONTWRITEBYTECODE is set,
 # as on these machines, every process compiled them from source again, 0.7 s of a no-change `lexgraph ingest`
-# of the 100k bench index (docs/BENCHMARKS.md, round 11). A module edited later is compiled in memory until the
+# of the 100k bench index (docs/decisions/process-start.md). A module edited later is compiled in memory until the
 # next make.
 bytecode: $(STAMP)
 	@$(BIN)/python -m compileall -q -j 0 lexgraph orchestration assets resources benchmarks deploy >/dev/null

@@ -10,7 +10,7 @@ from __future__ import annotations
 DEFAULT_EMBED_MODEL = "all-MiniLM-L6-v2"
 TORCH, ONNX, ONNX_INT8 = "torch", "onnx", "onnx-int8"
 EMBED_BACKENDS = (TORCH, ONNX, ONNX_INT8)
-# Adopted after docs/BENCHMARKS.md ("A faster embedder at equal quality"): torch's vectors (cosine 1.0000),
+# Adopted after docs/decisions/embedder.md: torch's vectors (cosine 1.0000),
 # a fraction of the time.
 DEFAULT_EMBED_BACKEND = ONNX
 DEFAULT_CHUNK_TOKENS = 200

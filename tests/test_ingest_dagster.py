@@ -177,7 +177,7 @@ print(report.failed, store.count("sources"), store.count("chunks"), (peak - base
     assert int(chunks) > 20_000
     # The corpus steps hold every chunk's vector, KNN lists and keyword words at once: this file is ~96k chunks
     # (a 550-byte paragraph each), about the bench's 100k-chunk index (peak 2.1 GB in docs/BENCHMARKS.md). Measured
-    # growth 2.1-2.2 GB alone and under load (issue 11, round 9); the 1.5 GB set at 40k chunks no longer fits.
+    # growth 2.1-2.2 GB alone and under load; the 1.5 GB set at 40k chunks no longer fits.
     assert int(growth_mb) < 2600, f"peak memory grew by {growth_mb} MB for a 50 MB file of {chunks} chunks"
 
 

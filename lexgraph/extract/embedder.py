@@ -353,7 +353,7 @@ class Embedder:
     def _batches(self, order: np.ndarray, lengths: list[int]) -> Iterator[np.ndarray]:
         """At most batch_size texts a call, and at most BATCH_TOKEN_BUDGET padded word pieces: on 2 CPU cores
         chunk-length texts took 0.56-0.96x the time in calls of ~2,048 padded pieces that they took 64 a call
-        (docs/BENCHMARKS.md, round 12); short texts (keyword sentences) still go 64 a call."""
+        (docs/decisions/embedder.md); short texts (keyword sentences) still go 64 a call."""
         start = 0
         while start < len(order):
             padded = lengths[order[start]] + 2  # the longest left, with [CLS] and [SEP]

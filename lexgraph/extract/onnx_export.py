@@ -206,8 +206,8 @@ def _export_fp32(model, path: Path) -> None:
 
 def _fuse(traced: Path, path: Path, config) -> None:
     """The traced BERT graph with its attention, embedding, layer-norm and GELU subgraphs replaced by
-    onnxruntime's fused operators (vectors equal to cosine 0.999999; 0.78-0.95x the time, docs/BENCHMARKS.md
-    issue 11 round 13). No approximation is switched on: GELU and the softmax stay exact."""
+    onnxruntime's fused operators (vectors equal to cosine 0.999999; 0.78-0.95x the time, docs/decisions/embedder.md).
+    No approximation is switched on: GELU and the softmax stay exact."""
     from onnxruntime.transformers.optimizer import optimize_model
 
     fused = optimize_model(str(traced), model_type="bert", num_heads=config.num_attention_heads,
@@ -244,7 +244,7 @@ def _session(path: Path):
     # After a run, idle intra-op threads would spin on a core before they sleep: with two embedding processes
     # on two cores (the tests' two workers, a multi-process executor) each spins on the core the other needs.
     # Stopping the spin after each run, not within one, keeps a query's latency (no spinning at all: 1.6x);
-    # figures in docs/BENCHMARKS.md, issue 11 round 10.
+    # figures in docs/decisions/embedder.md.
     options.add_session_config_entry("session.force_spinning_stop", "1")
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 

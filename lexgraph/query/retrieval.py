@@ -253,7 +253,7 @@ class Retriever:
 
     def _expand(self, fused: np.ndarray) -> np.ndarray:
         """Graph channel: pass a share of each hit's fused score to its KNN neighbours, and add a
-        PageRank prior; both off unless tuned on (they are measured in docs/BENCH_RETRIEVAL.md)."""
+        PageRank prior; both off unless tuned on (measured in docs/decisions/hybrid-fusion.md)."""
         p = self.params
         finite = np.isfinite(fused)
         if not finite.any():

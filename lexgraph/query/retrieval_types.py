@@ -55,7 +55,7 @@ class Hit:
 @dataclass(frozen=True)
 class RetrievalParams:
     """Every knob of the channels. The defaults were tuned on LiHua-World's dev questions only
-    (docs/BENCH_RETRIEVAL.md has the figures of the alternatives tried)."""
+    (docs/decisions/hybrid-fusion.md has the figures of the alternatives tried)."""
 
     bm25_k1: float = 1.2  # Okapi defaults: k1 0.9–2.0 × b 0.4–1.0 moved BM25 recall@5 by ≤ 0.016, no consistent way
     bm25_b: float = 0.75
