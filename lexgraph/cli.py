@@ -64,12 +64,12 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     import polars as pl
 
-    from lexgraph.indexing.corpus_state import CorpusFiles
+    from lexgraph.index import LexIndex
     from lexgraph.storage.graph_store import GraphStore
-    from lexgraph.storage.vector_store import VectorStore
 
     settings = _settings(args)
-    vectors = VectorStore(settings.lance_uri)
+    index = LexIndex(settings)
+    vectors = index.vectors
     print(f"index {settings.index_dir} (collection {settings.collection}, version {settings.index_version})")
     others = _other_versions(settings)
     if others:  # after an upgrade that changes the version, the old index is still on disk but no longer read
@@ -86,7 +86,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("  lexical graph " + "  ".join(f"{t}: {n}" for t, n in lexical.items()))
     except RuntimeError as error:
         print(f"  kuzu: not readable now ({error}); a writer may hold it")
-    skeleton = CorpusFiles(settings.index_dir).skeleton
+    skeleton = index.corpus_files.skeleton
     if skeleton.exists():
         selected = pl.read_parquet(skeleton)["selected"]
         print(f"  skeleton: {int(selected.sum())} of {selected.len()} chunks selected for extraction")

@@ -14,12 +14,12 @@ import json
 
 import dagster as dg
 
+from lexgraph.index import LexIndex
 from lexgraph.indexing import lexical_extraction
 from lexgraph.indexing.corpus_skeleton import read_selection_diff
 from lexgraph.indexing.corpus_state import CorpusFiles
 from lexgraph.ids import short_hash
 from lexgraph.settings import Settings
-from lexgraph.storage.extract_store import ExtractStore
 from orchestration.reconcile import RANGE_END, RANGE_START, contiguous_batches
 
 EXTRACTION_JOB = "extract_documents"
@@ -55,11 +55,11 @@ def selection_reextraction(settings: Settings, catalog) -> tuple[str | None, lis
     the diff was handled already, those with skeleton chunks whose LLM call failed last time (retried on every
     run until they succeed; only those chunks call the LLM), and those a killed run extracted but did not
     flatten (cache hits only). None when no LLM is configured."""
-    files = CorpusFiles(settings.index_dir)
+    files = LexIndex(settings).corpus_files
     digest = diff_digest(files)
     if digest is None or settings.extractor != "openai":
         return digest, []
-    store = ExtractStore(settings.extract_dir)
+    store = LexIndex(settings).extract_store
     skeleton = lexical_extraction.read_skeleton(files.skeleton)
     retry = {*lexical_extraction.documents_with_llm_failures(store, catalog, skeleton),
              *lexical_extraction.documents_with_unflattened_extractions(store, catalog)}
@@ -71,8 +71,8 @@ def selection_reextraction(settings: Settings, catalog) -> tuple[str | None, lis
 
 def changed_extractions(settings: Settings, catalog) -> dict[str, str]:
     """doc_id -> why its extractions no longer match the current extractors (model, prompt version, rules)."""
-    store = ExtractStore(settings.extract_dir)
-    skeleton = lexical_extraction.read_skeleton(CorpusFiles(settings.index_dir).skeleton)
+    index = LexIndex(settings)
+    store, skeleton = index.extract_store, lexical_extraction.read_skeleton(index.corpus_files.skeleton)
     openai = settings.extractor == "openai"
     return lexical_extraction.stale_documents(store, sorted(catalog), skeleton, settings.llm_model if openai else None,
                                               lexical_extraction.llm_prompt_version(settings) if openai else None,

@@ -20,14 +20,14 @@ import polars as pl
 from tqdm import tqdm
 
 from assets.partitions import documents
+from lexgraph.index import LexIndex
 from lexgraph import progress as stage_progress
 from lexgraph.indexing import corpus_prefetch
-from lexgraph.indexing.corpus_state import LEXICAL_GRAPH, CorpusFiles, solo_steps
+from lexgraph.indexing.corpus_state import LEXICAL_GRAPH, solo_steps
 from lexgraph.extract.embedder import reusing_recent_vectors
 from lexgraph.inbox import FileState, plan_reconcile, scan_folder
 from lexgraph.indexing.repair import drop_damaged_documents
 from lexgraph.settings import Settings
-from lexgraph.storage.extract_store import ExtractStore
 from lexgraph.storage.graph_store import GraphStore
 from orchestration.definitions import build_definitions
 from orchestration.reconcile import RANGE_END, RANGE_START, reconcile
@@ -82,12 +82,13 @@ def ingest_folder(folder: str | Path, instance: dg.DagsterInstance, home: str | 
         raise FileNotFoundError(f"{folder}: not a folder")
     settings = (settings or Settings.from_env(home=home)).with_(inbox=folder)
     defs = build_definitions(settings)
+    index = LexIndex(settings)
     report = IngestReport(abandoned_runs=fail_abandoned_runs(instance))
     vectors = defs.resources["lancedb"].get()
     files = scan_folder(folder)
     indexed = vectors.indexed_hashes()
     preload = _load_embedder_early(defs, files, indexed)
-    report.repaired, damaged = drop_damaged_documents(ExtractStore(settings.extract_dir), vectors, files, indexed)
+    report.repaired, damaged = drop_damaged_documents(index.extract_store, vectors, files, indexed)
     indexed = {d: h for d, h in indexed.items() if d not in report.repaired}  # taken out of the catalog
     existing = instance.get_dynamic_partitions(documents.name)
     requests = reconcile(files, indexed, existing, purge=prune, index_dir=settings.index_dir)
@@ -104,7 +105,7 @@ def ingest_folder(folder: str | Path, instance: dg.DagsterInstance, home: str | 
     runs = requests.run_requests
     # the KNN graph's unchanged inputs read while the documents run (corpus_prefetch), for the corpus update
     touched = {*plan.new, *plan.changed, *plan.removed, *report.repaired}
-    read_ahead = corpus_prefetch.reading_ahead(CorpusFiles(settings.index_dir), vectors, indexed, touched) \
+    read_ahead = corpus_prefetch.reading_ahead(index.corpus_files, vectors, indexed, touched) \
         if corpus and runs else contextlib.nullcontext()
     # one ingest's runs share the vectors of texts embedded in it: the statements repeat the keyword sentences
     with _reporter(progress, len(runs) + int(corpus)) as reporter, stage_progress.reporting(reporter), \
@@ -128,7 +129,7 @@ def ingest_folder(folder: str | Path, instance: dg.DagsterInstance, home: str | 
         report.failed.update({k: v for k, v in damaged.items()
                               if k not in report.failed and not (prune and k in plan.removed)})
         catalog = vectors.indexed_hashes()
-        corpus_files = CorpusFiles(settings.index_dir)
+        corpus_files = index.corpus_files
         # out of step: built from another catalog, never built, or an update failed or was killed
         stale = corpus_files.stale_steps(catalog, settings) if catalog or corpus_files.built_digests() else []
         if corpus and (catalog != indexed or stale):
@@ -154,7 +155,7 @@ def follow_selection(defs: dg.Definitions, instance: dg.DagsterInstance, setting
 
     vectors = defs.resources["lancedb"].get()
     catalog = vectors.indexed_hashes()
-    files = CorpusFiles(settings.index_dir)
+    files = LexIndex(settings).corpus_files
     digest, doc_ids = selection_reextraction(settings, catalog)
     ok = True
     if doc_ids:
@@ -237,7 +238,7 @@ def reextract_index(instance: dg.DagsterInstance, settings: Settings,
         if report.documents:
             report.runs, report.failed, _ = run_extractions(defs, instance, sorted(report.documents),
                                                             {REASON_TAG: "extractors changed"}, reporter)
-        files = CorpusFiles(settings.index_dir)
+        files = LexIndex(settings).corpus_files
         if catalog and (report.documents or files.stale_steps(catalog, settings)):
             stale = files.stale_steps(catalog, settings)
             _more_runs(reporter, 1)
