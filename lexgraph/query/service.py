@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from lexgraph.atomic_json import write_json
-from lexgraph.indexing.corpus_state import catalog_digest
+from lexgraph.indexing.corpus_state import CorpusFiles, catalog_digest
 from lexgraph.query.answer import Answer, ExtractiveAnswerer, LLMAnswerer
 from lexgraph.query.engine import ROUTE_CHOICES, QueryEngine, QueryParams, Retrieval
 from lexgraph.query.lance_backend import index_health, warm_lance
@@ -30,7 +30,7 @@ from lexgraph.query.provenance import citation_provenance, index_identity
 from lexgraph.query.scale_engine import ScaleQueryEngine
 from lexgraph.settings import Settings
 from lexgraph.storage import lance_indexes
-from lexgraph.storage.vector_store import VectorStore
+from lexgraph.storage.vector_store import VectorStore, table_write_stamps
 
 RELOAD_CHECK_SECONDS = 2.0
 
@@ -145,9 +145,9 @@ class QueryService:
     def _corpus_stamps(self) -> tuple[int, int]:
         """When built_from.json and the search indexes' state were last written (0: absent). The search indexes'
         refresh may compact the chunk table (new row ids): the lance backend reloads then."""
-        corpus = Path(self.settings.index_dir) / "corpus"
+        files = CorpusFiles(self.settings.index_dir)
         return tuple(p.stat().st_mtime_ns if p.exists() else 0
-                     for p in (corpus / "built_from.json", lance_indexes.state_path(corpus)))
+                     for p in (files.built_from, lance_indexes.state_path(files.root)))
 
     def engine(self) -> QueryEngine:
         """The loaded engine; a changed index is loaded beside it while questions go on being answered by
@@ -181,11 +181,8 @@ class QueryService:
         """When each table and corpus file a query reads was last written (a new LanceDB version adds a
         manifest to the table's _versions folder): a few stats instead of reading the catalog, which takes
         ~0.1 s at 50,000 documents. None where a folder is missing: then the catalog is read."""
-        lance = Path(self.settings.lance_uri)
-        versions = [lance / f"{name}.lance" / "_versions" for name in ("sources", "chunks")]
-        if not all(v.is_dir() for v in versions):
-            return None
-        return tuple(p.stat().st_mtime_ns for p in versions) + self._corpus_stamps()
+        tables = table_write_stamps(self.settings.lance_uri, ("sources", "chunks"))
+        return None if tables is None else tables + self._corpus_stamps()
 
     def warm(self) -> threading.Thread:
         """Load the engine in a background thread (what `lexgraph serve` starts with, so the index, the model

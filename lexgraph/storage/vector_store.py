@@ -73,6 +73,15 @@ def _in_list(column: str, values: list[str]) -> str:
     return f"{column} IN ({', '.join(_quote(v) for v in values)})"
 
 
+def table_write_stamps(uri: str | Path, names: tuple[str, ...]) -> tuple[int, ...] | None:
+    """When each table was last written, without opening the database: a new LanceDB version adds a manifest to
+    the table's _versions folder. None when a table has no such folder yet."""
+    versions = [Path(uri) / f"{name}.lance" / "_versions" for name in names]
+    if not all(v.is_dir() for v in versions):
+        return None
+    return tuple(v.stat().st_mtime_ns for v in versions)
+
+
 class VectorStore:
     """Replace-by-document writes keep re-runs free of duplicates."""
 
