@@ -119,7 +119,7 @@ def test_path_budgets_are_honoured(retriever, embedder):
     beam = pc.find_paths(index, graph, question, query, params(path_beam=3, path_max_paths=1000))
     assert len({p.nodes[:2] for p in beam if p.hops == 2}) <= 3
     # start entities: verbatim names plus at most path_start_top nearest vectors
-    starts = pc.start_entities(graph, question, graph.unit_vectors @ query, params(path_start_top=4))
+    starts = pc.start_entities(graph, question, query, params(path_start_top=4))
     assert 0 < len(starts) <= 4 + len(pc.query_entities(graph, question))
 
 

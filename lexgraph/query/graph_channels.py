@@ -247,63 +247,83 @@ def _load_statements(store: VectorStore, extract: ExtractStore, position: dict[s
 # entity channel
 
 
+def query_name_keys(query: str, max_words: int = MAX_QUERY_WORDS) -> list[str]:
+    """The compact keys of the query's word n-grams of up to MAX_NAME_WORDS words among its first max_words words,
+    in order: what a verbatim entity name is looked up by."""
+    words = _WORD.findall(query[: max_words * 64])[:max_words]
+    return [compact_key(" ".join(words[start:end])) for start in range(len(words))
+            for end in range(start + 1, min(start + MAX_NAME_WORDS, len(words)) + 1)]
+
+
 def query_entities(graph: EntityGraph, query: str, max_words: int = MAX_QUERY_WORDS) -> list[int]:
     """Entities whose name (by the resolver's key, spaces ignored) occurs verbatim in the query, as word
-    n-grams of up to MAX_NAME_WORDS words among its first max_words words."""
-    words = _WORD.findall(query[: max_words * 64])[:max_words]
-    found: dict[int, None] = {}
-    for start in range(len(words)):
-        for end in range(start + 1, min(start + MAX_NAME_WORDS, len(words)) + 1):
-            key = compact_key(" ".join(words[start:end]))
-            if key in graph.lookup:
-                found.setdefault(graph.lookup[key])
-    return list(found)
+    n-grams of up to MAX_NAME_WORDS words among its first max_words words; first named first."""
+    return list(dict.fromkeys(graph.named(query_name_keys(query, max_words))))
 
 
-def entity_weights(graph: EntityGraph, query: str, query_vector: np.ndarray, params: RetrievalParams) -> np.ndarray:
-    """Weight of every entity for the query: nearest vectors, verbatim names, and one hop of relations."""
-    weights = np.zeros(graph.size)
-    similarity = graph.unit_vectors @ query_vector.astype(np.float32)
+def entity_weights(graph: EntityGraph, query: str, query_vector: np.ndarray, params: RetrievalParams) -> dict[int, float]:
+    """The query's entities and their weights (all > 0): nearest vectors, verbatim names, and one hop of relations."""
+    weights: dict[int, float] = {}
     top = min(params.entity_top, graph.size)
     if top > 0:
-        chosen = np.argpartition(-similarity, top - 1)[:top]
-        weights[chosen] = np.clip(similarity[chosen], 0, None)
+        rows, similarity = graph.nearest(query_vector, top)
+        weights = {int(r): float(v) for r, v in zip(rows, similarity) if v > 0}
     for i in query_entities(graph, query):
-        weights[i] = max(weights[i], params.entity_exact_weight)
-    if params.entity_neighbours > 0 and params.entity_hop_weight > 0 and graph.relations.nnz and weights.any():
-        passed = params.entity_hop_weight * (graph.relations.T @ weights)
-        passed[weights > 0] = 0.0
-        candidates = np.flatnonzero(passed > 0)
+        weights[i] = max(weights.get(i, 0.0), params.entity_exact_weight)
+    if params.entity_neighbours > 0 and params.entity_hop_weight > 0 and graph.has_relations and weights:
+        passed: dict[int, float] = {}
+        for row, (neighbours, shares) in graph.relations_of(sorted(weights)).items():
+            for n, share in zip(neighbours.tolist(), shares.tolist()):
+                if n not in weights:
+                    passed[n] = passed.get(n, 0.0) + params.entity_hop_weight * share * weights[row]
+        candidates = np.array(sorted(n for n, v in passed.items() if v > 0), dtype=np.int64)
+        values = np.array([passed[n] for n in candidates.tolist()])
         if len(candidates) > params.entity_neighbours:
-            candidates = candidates[np.argpartition(-passed[candidates], params.entity_neighbours - 1)
-                                    [:params.entity_neighbours]]
-        weights[candidates] = passed[candidates]
+            keep = np.argpartition(-values, params.entity_neighbours - 1)[:params.entity_neighbours]
+            candidates, values = candidates[keep], values[keep]
+        weights.update(zip(candidates.tolist(), values.tolist()))
     return weights
 
 
 def entity_scores(index: RetrievalIndex, query: str, query_vector: np.ndarray, params: RetrievalParams) -> np.ndarray:
     """The entity channel: a score per chunk (-inf where none of the query's entities is mentioned)."""
-    scores = np.full(index.size, -np.inf)
     graph = index.graph.entities if index.graph is not None else None
-    if graph is None or graph.size == 0 or not graph.mentions.nnz:
-        return scores
+    if graph is None or graph.size == 0 or not graph.has_mentions:
+        return np.full(index.size, -np.inf)
     weights = entity_weights(graph, query, query_vector, params)
-    active = np.flatnonzero(weights)
-    if not len(active):
-        return scores
-    evidence = graph.mentions[active].T @ (weights[active] * graph.idf[active])
-    return rerank_by_evidence(index, query_vector, evidence, params.entity_evidence_weight)
+    rows = sorted(weights)
+    mass = np.array([weights[r] for r in rows]) * graph.idf_of(rows)
+    refs = graph.chunks_of(rows)
+    if not any(len(r) for r in refs):
+        return np.full(index.size, -np.inf)
+    evidence = np.concatenate([np.full(len(r), m) for r, m in zip(refs, mass)])
+    return rerank_refs(index, query_vector, np.concatenate(refs), evidence, params.entity_evidence_weight)
 
 
 def rerank_by_evidence(index: RetrievalIndex, query_vector: np.ndarray, evidence: np.ndarray,
                        weight: float) -> np.ndarray:
-    """The keyword, entity and path channels' chunk score: cos(query, chunk) + weight · evidence / max(evidence)
-    on the chunks with evidence, -inf elsewhere."""
+    """The keyword channel's chunk score: cos(query, chunk) + weight · evidence / max(evidence) on the chunks with
+    evidence (a value per chunk row), -inf elsewhere."""
+    candidates = np.flatnonzero(evidence > 0)
+    return rerank_refs(index, query_vector, candidates, evidence[candidates], weight)
+
+
+def rerank_refs(index: RetrievalIndex, query_vector: np.ndarray, refs: np.ndarray, evidence: np.ndarray,
+                weight: float) -> np.ndarray:
+    """The entity, path and keyword channels' chunk score, cos(query, chunk) + weight · evidence / max(evidence),
+    from evidence given per chunk ref (a ref may repeat: its values add up); -inf for chunks without any."""
     scores = np.full(index.size, -np.inf)
-    candidates = evidence > 0
-    if candidates.any():
-        cosine = index.vectors[candidates] @ query_vector
-        scores[candidates] = cosine + weight * evidence[candidates] / evidence.max()
+    if not len(refs):
+        return scores
+    unique, inverse = np.unique(refs, return_inverse=True)
+    total = np.bincount(inverse, weights=evidence, minlength=len(unique))
+    keep = total > 0
+    if not keep.any():
+        return scores
+    rows, cosine = index.backend.chunk_cosines(index, query_vector, unique[keep])
+    total = total[keep]
+    found = rows >= 0  # a ref the chunk table no longer holds (the index moved on) is left out
+    scores[rows[found]] = cosine[found] + weight * total[found] / total.max()
     return scores
 
 
@@ -319,61 +339,30 @@ class TraversedStatement:
     via: str  # "vector", "topic:<topic id row>" or the fact/entity id that led to it
 
 
-def traverse_statements(graph: StatementGraph, query_vector: np.ndarray, params: RetrievalParams,
-                        similarity: np.ndarray | None = None) -> list[TraversedStatement]:
+def traverse_statements(graph: StatementGraph, query_vector: np.ndarray,
+                        params: RetrievalParams) -> list[TraversedStatement]:
     """The statement channel's statements, best first: seeds by vector, then hops through topics (same
-    source) and shared facts/entities (other sources), within the hop, node and statement budgets."""
-    if similarity is None:
-        similarity = graph.unit_vectors @ query_vector.astype(np.float32)
+    source) and shared facts/entities (other sources), within the hop, node and statement budgets. Reads the
+    graph row by row (the seeds, then each hop's frontier and the members of the nodes it chooses)."""
     limit = max(params.statement_limit, 0)
     top = min(params.statement_top, graph.size, limit)
     if top <= 0:
         return []
-    seeds = np.argpartition(-similarity, top - 1)[:top]
-    seeds = seeds[similarity[seeds] > 0]
-    found: dict[int, TraversedStatement] = {int(s): TraversedStatement(int(s), float(similarity[s]), 0, "vector")
-                                            for s in seeds}
+    seeds, similarity = graph.nearest(query_vector, top)
+    positive = similarity > 0
+    seeds, similarity = seeds[positive], similarity[positive]
+    found: dict[int, TraversedStatement] = {int(s): TraversedStatement(int(s), float(v), 0, "vector")
+                                            for s, v in zip(seeds, similarity)}
     frontier = [int(s) for s in seeds]
     nodes_left = max(params.statement_nodes, 0)
     used_topics: set[int] = set()
     used_links: set[int] = set()
-    relevance = np.clip(similarity, 0, None)
     for hop in range(1, max(params.statement_hops, 0) + 1):
         if not frontier or nodes_left <= 0 or len(found) >= limit:
             break
-        # bridging nodes of the frontier, each as strong as its best parent (links scaled by idf)
-        candidates: dict[tuple[str, int], float] = {}
-        for s in frontier:
-            score = found[s].score
-            t = int(graph.topic[s])
-            if t not in used_topics and params.statement_topic_weight > 0:
-                key = ("topic", t)
-                candidates[key] = max(candidates.get(key, 0.0), score)
-            if params.statement_link_weight > 0:
-                start, end = graph.links.indptr[s], graph.links.indptr[s + 1]
-                for node in graph.links.indices[start:end]:
-                    node = int(node)
-                    if node not in used_links:
-                        key = ("link", node)
-                        candidates[key] = max(candidates.get(key, 0.0), score * float(graph.link_idf[node]))
-        chosen = sorted(candidates.items(), key=lambda item: (-item[1], item[0]))[:nodes_left]
+        chosen = _bridging_nodes(graph, frontier, found, used_topics, used_links, params)[:nodes_left]
         nodes_left -= len(chosen)
-        reached: dict[int, tuple[float, str]] = {}
-        for (kind, node), strength in chosen:
-            if kind == "topic":
-                used_topics.add(node)
-                matrix, weight, via = graph.topic_members, params.statement_topic_weight, f"topic:{node}"
-            else:
-                used_links.add(node)
-                matrix, weight, via = graph.link_members, params.statement_link_weight, graph.link_ids[node]
-            members = matrix.indices[matrix.indptr[node]:matrix.indptr[node + 1]]
-            for t in members:
-                t = int(t)
-                if t in found:
-                    continue
-                score = weight * math.sqrt(strength * float(relevance[t]))
-                if score > reached.get(t, (0.0, ""))[0]:
-                    reached[t] = (score, via)
+        reached = _reached_statements(graph, query_vector, chosen, found, used_topics, used_links, params)
         room = limit - len(found)
         best = sorted(reached.items(), key=lambda item: (-item[1][0], item[0]))[:room]
         frontier = []
@@ -383,6 +372,53 @@ def traverse_statements(graph: StatementGraph, query_vector: np.ndarray, params:
             found[t] = TraversedStatement(t, score, hop, via)
             frontier.append(t)
     return sorted(found.values(), key=lambda s: (-s.score, s.row))
+
+
+def _bridging_nodes(graph: StatementGraph, frontier: list[int], found: dict[int, TraversedStatement],
+                    used_topics: set[int], used_links: set[int], params: RetrievalParams):
+    """The frontier's bridging nodes not yet expanded, each as strong as its best parent (links scaled by idf),
+    strongest first."""
+    candidates: dict[tuple[str, int], float] = {}
+    for s in frontier:
+        score = found[s].score
+        t = graph.topic_of(s)
+        if t not in used_topics and params.statement_topic_weight > 0:
+            key = ("topic", t)
+            candidates[key] = max(candidates.get(key, 0.0), score)
+        if params.statement_link_weight > 0:
+            for node in graph.links_of(s).tolist():
+                if node not in used_links:
+                    key = ("link", node)
+                    candidates[key] = max(candidates.get(key, 0.0), score * graph.link_strength(node))
+    return sorted(candidates.items(), key=lambda item: (-item[1], item[0]))
+
+
+def _reached_statements(graph: StatementGraph, query_vector: np.ndarray, chosen, found: dict[int, TraversedStatement],
+                        used_topics: set[int], used_links: set[int], params: RetrievalParams) -> dict[int, tuple[float, str]]:
+    """The statements the chosen nodes lead to, not found yet, each with its best score and the node."""
+    expanded = []
+    for (kind, node), strength in chosen:
+        if kind == "topic":
+            used_topics.add(node)
+            expanded.append((graph.topic_statements(node), strength, params.statement_topic_weight, f"topic:{node}"))
+        else:
+            used_links.add(node)
+            expanded.append((graph.link_statements(node), strength, params.statement_link_weight,
+                             graph.link_name(node)))
+    members = sorted({int(t) for rows, *_ in expanded for t in rows.tolist()} - set(found))
+    if not members:
+        return {}
+    relevance = dict(zip(members, np.clip(graph.similarity(query_vector, np.array(members, dtype=np.int64)), 0,
+                                          None).tolist()))
+    reached: dict[int, tuple[float, str]] = {}
+    for rows, strength, weight, via in expanded:
+        for t in rows.tolist():
+            if t in found:
+                continue
+            score = weight * math.sqrt(strength * relevance[t])
+            if score > reached.get(t, (0.0, ""))[0]:
+                reached[t] = (score, via)
+    return reached
 
 
 def statement_scores(index: RetrievalIndex, query: str, query_vector: np.ndarray,
@@ -405,14 +441,16 @@ def scores_of_statements(index: RetrievalIndex, statements: list[TraversedStatem
     graph = index.graph.statements
     rows = np.array([s.row for s in statements], dtype=np.int64)
     values = np.array([s.score for s in statements])
-    chunks = graph.chunk_rows[rows]
-    best = np.zeros(index.size)
-    np.maximum.at(best, chunks, values)
-    total = np.bincount(chunks, weights=values, minlength=index.size)
-    hit = np.unique(chunks)
-    scores[hit] = best[hit] + params.statement_sum_weight * (total[hit] - best[hit])
+    unique, inverse = np.unique(graph.chunk_refs(rows), return_inverse=True)
+    best = np.zeros(len(unique))
+    np.maximum.at(best, inverse, values)
+    total = np.bincount(inverse, weights=values, minlength=len(unique))
+    chunk_rows, cosine = index.backend.chunk_cosines(index, query_vector, unique)
+    found = chunk_rows >= 0
+    value = best + params.statement_sum_weight * (total - best)
     if params.statement_dense_weight:
-        scores[hit] += params.statement_dense_weight * (index.vectors[hit] @ query_vector)
+        value = value + params.statement_dense_weight * cosine
+    scores[chunk_rows[found]] = value[found]
     return scores
 
 
@@ -441,17 +479,11 @@ def statements_for(index: RetrievalIndex, query_vector: np.ndarray, chunk_rows: 
                    if (c in index.position if isinstance(c, str) else 0 <= int(c) < index.size)})
     if not rows:
         return []
-    members = graph.by_chunk[rows].indices
+    members = graph.of_chunks(rows)
     if not len(members):
         return []
-    members = np.unique(members)
-    similarity = graph.unit_vectors[members] @ query_vector.astype(np.float32)
+    similarity = graph.similarity(query_vector, members)
     order = np.argsort(-similarity, kind="stable")[:limit]
-    chunk_ids, doc_ids = index.chunks["chunk_id"], index.chunks["doc_id"]
-    out = []
-    for i in order:
-        s = int(members[i])
-        row = int(graph.chunk_rows[s])
-        out.append(StatementHit(graph.ids[s], graph.texts[s], chunk_ids[row], doc_ids[row], graph.topics[s],
-                                float(similarity[i])))
-    return out
+    described = graph.describe(members[order], index.chunks)
+    return [StatementHit(statement_id, text, chunk_id, doc_id, topic, float(similarity[i]))
+            for i, (statement_id, text, topic, chunk_id, doc_id) in zip(order.tolist(), described)]

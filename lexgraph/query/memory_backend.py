@@ -56,6 +56,12 @@ class MemoryBackend:
         """No batched pass: the retriever fuses the channels text by text."""
         return None
 
+    def chunk_cosines(self, index: RetrievalIndex, query_vector: np.ndarray,
+                      refs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows and query cosines of these chunks; the memory graph's chunk refs are rows already."""
+        rows = np.asarray(refs, dtype=np.int64)
+        return rows, index.vectors[rows] @ query_vector
+
     def fetch(self, index: RetrievalIndex, rows: np.ndarray) -> None:
         """Rows about to be read: all are in memory already."""
 

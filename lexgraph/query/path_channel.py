@@ -54,7 +54,7 @@ from lexgraph.extract.schemas import DEFAULT_ENTITY_TYPES, FALLBACK_TYPE, normal
 from lexgraph.indexing.name_keys import normalise_entity_name
 from lexgraph.extract.keywords import STOPWORDS
 from lexgraph.query.graph_channels import (MAX_NAME_WORDS, MAX_QUERY_WORDS, compact_key, query_entities,
-                                          rerank_by_evidence)
+                                          rerank_refs)
 from lexgraph.query.retrieval_types import EntityGraph, RetrievalIndex, RetrievalParams
 from lexgraph.storage.vector_store import ENTITIES, VectorStore
 
@@ -139,9 +139,17 @@ def answer_types(question: str, allowed: tuple[str, ...] = DEFAULT_ENTITY_TYPES)
 _TYPES_LOCK = threading.Lock()
 
 
-def entity_types(index: RetrievalIndex, graph: EntityGraph) -> np.ndarray:
-    """Each entity's type (an object array aligned with graph.ids), read from the LanceDB entities table on first
-    use and kept on the graph object; "other" for all when the table has no type column."""
+def entity_types(index: RetrievalIndex, graph: EntityGraph, rows=None) -> np.ndarray:
+    """The entities' types (an object array aligned with `rows`, or with graph.ids when rows is None); "other"
+    where none is known. A graph that knows its types (the lance graph) answers; the memory graph's are read from
+    the LanceDB entities table on first use and kept on the graph object."""
+    if hasattr(graph, "types_of"):
+        return graph.types_of(rows)
+    types = _memory_types(index, graph)
+    return types if rows is None else types[np.asarray(rows, dtype=np.int64)]
+
+
+def _memory_types(index: RetrievalIndex, graph: EntityGraph) -> np.ndarray:
     cached = getattr(graph, "_path_types", None)
     if cached is not None:
         return cached
@@ -194,19 +202,21 @@ def partial_names(graph: EntityGraph) -> dict[str, int]:
     return runs
 
 
+def partial_name_keys(query: str) -> list[str]:
+    """The compact keys of the query's runs of two or more words: what a part of a longer name is looked up by."""
+    words = re.findall(r"\S+", query[: MAX_QUERY_WORDS * 64])[:MAX_QUERY_WORDS]
+    return [compact_key(" ".join(words[start:end])) for start in range(len(words))
+            for end in range(start + 2, min(start + MAX_NAME_WORDS, len(words)) + 1)]
+
+
 def partial_query_entities(graph: EntityGraph, query: str) -> list[int]:
     """Entities a run of the query's words names in part (two or more words of a longer name)."""
+    if hasattr(graph, "partly_named"):
+        return list(dict.fromkeys(graph.partly_named(partial_name_keys(query))))
     runs = partial_names(graph)
     if not runs:
         return []
-    words = re.findall(r"\S+", query[: MAX_QUERY_WORDS * 64])[:MAX_QUERY_WORDS]
-    found: dict[int, None] = {}
-    for start in range(len(words)):
-        for end in range(start + 2, min(start + MAX_NAME_WORDS, len(words)) + 1):
-            key = compact_key(" ".join(words[start:end]))
-            if key in runs:
-                found.setdefault(runs[key])
-    return list(found)
+    return list(dict.fromkeys(runs[key] for key in partial_name_keys(query) if key in runs))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,7 +235,7 @@ class EntityPath:
         return len(self.nodes) - 1
 
 
-def start_entities(graph: EntityGraph, query: str, similarity: np.ndarray, params: RetrievalParams) -> dict[int, float]:
+def start_entities(graph: EntityGraph, query: str, query_vector: np.ndarray, params: RetrievalParams) -> dict[int, float]:
     """Start entities and their weights: verbatim names in the query (a part of a longer name: 0.8 of the
     weight), then the nearest entity vectors."""
     starts: dict[int, float] = {}
@@ -235,11 +245,35 @@ def start_entities(graph: EntityGraph, query: str, similarity: np.ndarray, param
         starts[i] = params.path_exact_weight
     top = min(max(params.path_start_top, 0), graph.size)
     if top > 0:
-        for i in np.argpartition(-similarity, top - 1)[:top]:
-            value = float(similarity[i])
+        rows, similarity = graph.nearest(query_vector, top)
+        for i, value in zip(rows.tolist(), similarity.tolist()):
             if value > 0 and value > starts.get(int(i), 0.0):
-                starts[int(i)] = value
+                starts[int(i)] = float(value)
     return starts
+
+
+class _EndValues:
+    """An entity's value as a path's end: its relevance to the query (cosine, clipped at 0) plus the type bonus
+    when its type is an answer type; read for the entities the paths reach, a hop at a time."""
+
+    def __init__(self, index: RetrievalIndex, graph: EntityGraph, query: str, query_vector: np.ndarray, bonus: float):
+        self.index, self.graph, self.query_vector, self.bonus = index, graph, query_vector, bonus
+        self.wanted = answer_types(query)
+        self.relevance: dict[int, float] = {}
+        self.fits: dict[int, bool] = {}
+
+    def read(self, rows) -> None:
+        new = np.array(sorted({int(r) for r in rows} - self.relevance.keys()), dtype=np.int64)
+        if not len(new):
+            return
+        similarity = np.clip(self.graph.similarity(self.query_vector, new), 0, None)
+        types = entity_types(self.index, self.graph, new)
+        for row, value, kind in zip(new.tolist(), similarity.tolist(), types.tolist()):
+            self.relevance[row] = float(value)
+            self.fits[row] = kind in self.wanted
+
+    def __call__(self, row: int) -> float:
+        return self.relevance[row] + (self.bonus if self.fits[row] else 0.0)
 
 
 def find_paths(index: RetrievalIndex, graph: EntityGraph, query: str, query_vector: np.ndarray,
@@ -248,75 +282,71 @@ def find_paths(index: RetrievalIndex, graph: EntityGraph, query: str, query_vect
     limit = max(params.path_max_paths, 0)
     if limit == 0 or graph.size == 0:
         return []
-    similarity = graph.unit_vectors @ query_vector.astype(np.float32)
-    relevance = np.clip(similarity, 0, None)
-    starts = start_entities(graph, query, similarity, params)
+    starts = start_entities(graph, query, query_vector, params)
     if not starts:
         return []
     named = {s for s, weight in starts.items() if weight >= PARTIAL_NAME_SHARE * params.path_exact_weight}
-    types = entity_types(index, graph)
-    wanted = answer_types(query)
-    fits = np.zeros(graph.size, dtype=bool)
-    for kind in wanted:
-        fits |= types == kind
-    bonus = params.path_type_bonus
-
-    def end_value(e: int) -> float:
-        return float(relevance[e]) + (bonus if fits[e] else 0.0)
-
+    end_value = _EndValues(index, graph, query, query_vector, params.path_type_bonus)
+    end_value.read(starts)
     paths: list[EntityPath] = []
     if params.path_self_weight > 0:
         for s, weight in starts.items():
             score = params.path_self_weight * weight * end_value(s)
             if score > 0:
-                paths.append(EntityPath((s,), score, (), bool(fits[s])))
-    relations = graph.relations
+                paths.append(EntityPath((s,), score, (), end_value.fits[s]))
     fanout = max(params.path_fanout, 1)
     # beam entries: (nodes, edge strengths, start weight, partial score)
     frontier = [((s,), (), w, w) for s, w in starts.items()]
     frontier.sort(key=lambda f: (-f[3], f[0]))
     for hop in range(1, min(max(params.path_hops, 0), 3) + 1):
-        if not frontier or not relations.nnz:
+        if not frontier or not graph.has_relations:
             break
-        grown = []
-        for nodes, edges, weight, _ in frontier:
-            last = nodes[-1]
-            lo, hi = relations.indptr[last], relations.indptr[last + 1]
-            if lo == hi:
-                continue
-            neighbours, shares = relations.indices[lo:hi], relations.data[lo:hi]
-            strongest = float(shares.max())
-            if len(neighbours) > fanout:
-                keep = np.argpartition(-shares, fanout - 1)[:fanout]
-                neighbours, shares = neighbours[keep], shares[keep]
-            for n, share in zip(neighbours.tolist(), shares.tolist()):
-                if n in nodes:
-                    continue
-                path_edges = (*edges, share / strongest)
-                strength = math.prod(path_edges) ** (1 / len(path_edges))
-                partial = weight * params.path_hop_decay ** (hop - 1) * strength
-                grown.append(((*nodes, n), path_edges, weight, partial))
+        grown = _grow(graph.relations_of(sorted({nodes[-1] for nodes, *_ in frontier})), frontier, hop, fanout, params)
+        end_value.read(nodes[-1] for nodes, *_ in grown)
         for nodes, path_edges, _, partial in grown:
             end = nodes[-1]
             # a path joining two of the query's entities ("what links A and B") gains their bridge bonus
             bridge = params.path_bridge_bonus * starts[end] if end in named and nodes[0] in named else 0.0
             score = partial * (end_value(end) + bridge)
             if score > 0:
-                paths.append(EntityPath(nodes, score, path_edges, bool(fits[nodes[-1]])))
+                paths.append(EntityPath(nodes, score, path_edges, end_value.fits[end]))
         grown.sort(key=lambda f: (-f[3], f[0]))
         frontier = grown[:max(params.path_beam, 0)]
     paths.sort(key=lambda p: (-p.score, p.nodes))
     return paths[:limit]
 
 
-def path_evidence(graph: EntityGraph, paths: list[EntityPath], params: RetrievalParams) -> np.ndarray:
-    """Per chunk: the best path's share + path_sum_weight × the others' (0 where no path entity is mentioned)."""
-    n_chunks = graph.mentions.shape[1]
+def _grow(relations: dict[int, tuple[np.ndarray, np.ndarray]], frontier, hop: int, fanout: int,
+          params: RetrievalParams) -> list:
+    """Each frontier path extended by the strongest `fanout` relations of its last entity."""
+    grown = []
+    for nodes, edges, weight, _ in frontier:
+        neighbours, shares = relations.get(nodes[-1], (np.zeros(0, dtype=np.int64), np.zeros(0)))
+        if not len(neighbours):
+            continue
+        strongest = float(shares.max())
+        if len(neighbours) > fanout:
+            keep = np.argpartition(-shares, fanout - 1)[:fanout]
+            neighbours, shares = neighbours[keep], shares[keep]
+        for n, share in zip(neighbours.tolist(), shares.tolist()):
+            if n in nodes:
+                continue
+            path_edges = (*edges, share / strongest)
+            strength = math.prod(path_edges) ** (1 / len(path_edges))
+            partial = weight * params.path_hop_decay ** (hop - 1) * strength
+            grown.append(((*nodes, n), path_edges, weight, partial))
+    return grown
+
+
+def path_evidence(graph: EntityGraph, paths: list[EntityPath], params: RetrievalParams) -> tuple[np.ndarray, np.ndarray]:
+    """Per chunk (refs, evidence): the best path's share + path_sum_weight × the others' (chunks no path entity
+    is mentioned in are left out)."""
+    empty = (np.zeros(0, dtype=np.int64), np.zeros(0))
     if not paths:
-        return np.zeros(n_chunks)
-    idf_share = graph.idf / max(float(graph.idf.max()), 1e-12)
-    rows, cols, values = [], [], []
-    for p, path in enumerate(paths):
+        return empty
+    idf_max = max(graph.idf_max, 1e-12)
+    weighted: list[dict[int, float]] = []
+    for path in paths:
         roles: dict[int, float] = {}
         for position, node in enumerate(path.nodes):
             if position == len(path.nodes) - 1:
@@ -326,26 +356,31 @@ def path_evidence(graph: EntityGraph, paths: list[EntityPath], params: Retrieval
             else:
                 role = params.path_mid_share
             roles[node] = max(roles.get(node, 0.0), role)
-        total = sum(roles.values())
-        for node, role in roles.items():
-            if role > 0:
-                rows.append(p)
-                cols.append(node)
-                values.append(path.score * role * idf_share[node] / total)
-    weights = sp.csr_matrix((values, (rows, cols)), shape=(len(paths), graph.size))
-    per_path = (weights @ graph.mentions).tocsr()  # paths × chunks
-    if not per_path.nnz:
-        return np.zeros(n_chunks)
+        weighted.append({node: role / sum(roles.values()) for node, role in roles.items() if role > 0})
+    nodes = sorted({node for roles in weighted for node in roles})
+    idf_share = dict(zip(nodes, (graph.idf_of(nodes) / idf_max).tolist()))
+    mentioned = dict(zip(nodes, graph.chunks_of(nodes)))
+    path_rows, refs, values = [], [], []
+    for p, (path, roles) in enumerate(zip(paths, weighted)):
+        for node, share in roles.items():
+            chunks = mentioned[node]
+            path_rows.append(np.full(len(chunks), p))
+            refs.append(chunks)
+            values.append(np.full(len(chunks), path.score * share * idf_share[node]))
+    if not refs or not sum(len(r) for r in refs):
+        return empty
+    unique, column = np.unique(np.concatenate(refs), return_inverse=True)
+    per_path = sp.csr_matrix((np.concatenate(values), (np.concatenate(path_rows), column)),
+                             shape=(len(paths), len(unique)))  # paths × chunks; a node's repeats add up
     best = per_path.max(axis=0).toarray().ravel()
     total = np.asarray(per_path.sum(axis=0)).ravel()
-    return best + params.path_sum_weight * (total - best)
+    return unique, best + params.path_sum_weight * (total - best)
 
 
 def path_scores(index: RetrievalIndex, query: str, query_vector: np.ndarray, params: RetrievalParams) -> np.ndarray:
     """The path channel: a score per chunk (-inf where no path of the query's entities reaches it)."""
-    scores = np.full(index.size, -np.inf)
     graph = index.graph.entities if index.graph is not None else None
-    if graph is None or graph.size == 0 or not graph.mentions.nnz:
-        return scores
-    paths = find_paths(index, graph, query, query_vector, params)
-    return rerank_by_evidence(index, query_vector, path_evidence(graph, paths, params), params.path_evidence_weight)
+    if graph is None or graph.size == 0 or not graph.has_mentions:
+        return np.full(index.size, -np.inf)
+    refs, evidence = path_evidence(graph, find_paths(index, graph, query, query_vector, params), params)
+    return rerank_refs(index, query_vector, refs, evidence, params.path_evidence_weight)

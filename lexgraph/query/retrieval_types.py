@@ -135,6 +135,11 @@ class ChunkBackend(Protocol):
                params: RetrievalParams, parts: int) -> np.ndarray | None:
         """The hybrid ranking of texts[0] and its clauses in one batched pass, or None: fuse channel by channel."""
 
+    def chunk_cosines(self, index: "RetrievalIndex", query_vector: np.ndarray,
+                      refs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, cosine with the query) of the chunks the lexical graph's refs name; row -1 for a ref the chunk
+        table does not hold."""
+
     def fetch(self, index: "RetrievalIndex", rows: np.ndarray) -> None:
         """Rows about to be read (the context's best hits): read together where reading costs."""
 
@@ -183,9 +188,52 @@ class StatementGraph:
     link_idf: np.ndarray  # ln(1 + statements / statements holding the node), scaled to max 1
     by_chunk: sp.csr_matrix  # chunks × statements
 
+    # What the statement channel and the answer layer read, row by row (lexgraph.query.lance_graph answers the
+    # same calls from LanceDB tables). Chunk refs are rows of RetrievalIndex.chunks here.
+
     @property
     def size(self) -> int:
         return len(self.ids)
+
+    def nearest(self, query_vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The k statements nearest the query (unordered) and their cosines."""
+        similarity = self.unit_vectors @ query_vector.astype(np.float32)
+        rows = np.argpartition(-similarity, k - 1)[:k]
+        return rows, similarity[rows]
+
+    def similarity(self, query_vector: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        return self.unit_vectors[rows] @ query_vector.astype(np.float32)
+
+    def topic_of(self, row: int) -> int:
+        return int(self.topic[row])
+
+    def links_of(self, row: int) -> np.ndarray:
+        return self.links.indices[self.links.indptr[row]:self.links.indptr[row + 1]]
+
+    def link_strength(self, node: int) -> float:
+        return float(self.link_idf[node])
+
+    def link_name(self, node: int) -> str:
+        return self.link_ids[node]
+
+    def topic_statements(self, topic: int) -> np.ndarray:
+        return self.topic_members.indices[self.topic_members.indptr[topic]:self.topic_members.indptr[topic + 1]]
+
+    def link_statements(self, node: int) -> np.ndarray:
+        return self.link_members.indices[self.link_members.indptr[node]:self.link_members.indptr[node + 1]]
+
+    def chunk_refs(self, rows: np.ndarray) -> np.ndarray:
+        return self.chunk_rows[rows]
+
+    def of_chunks(self, refs: list) -> np.ndarray:
+        """The statements of these chunks, by row."""
+        return np.unique(self.by_chunk[refs].indices)
+
+    def describe(self, rows: np.ndarray, chunks) -> list[tuple[str, str, str, str, str]]:
+        """(statement id, text, topic, chunk id, document id) of each row; chunks: RetrievalIndex.chunks."""
+        chunk_ids, doc_ids = chunks["chunk_id"], chunks["doc_id"]
+        return [(self.ids[s], self.texts[s], self.topics[s], chunk_ids[int(self.chunk_rows[s])],
+                 doc_ids[int(self.chunk_rows[s])]) for s in rows.tolist()]
 
 
 @dataclass
@@ -200,9 +248,52 @@ class EntityGraph:
     relations: sp.csr_matrix  # entities × entities, each row's relation strengths as shares of 1
     idf: np.ndarray  # ln(chunks / chunks mentioning the entity) + 1
 
+    # What the entity and path channels read, row by row (lexgraph.query.lance_graph answers the same calls from
+    # LanceDB tables). Chunk refs are rows of RetrievalIndex.chunks here.
+
     @property
     def size(self) -> int:
         return len(self.ids)
+
+    @property
+    def has_mentions(self) -> bool:
+        return bool(self.mentions.nnz)
+
+    @property
+    def has_relations(self) -> bool:
+        return bool(self.relations.nnz)
+
+    @property
+    def idf_max(self) -> float:
+        return float(self.idf.max()) if len(self.idf) else 0.0
+
+    def nearest(self, query_vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The k entities nearest the query (unordered) and their cosines."""
+        similarity = self.unit_vectors @ query_vector.astype(np.float32)
+        rows = np.argpartition(-similarity, k - 1)[:k]
+        return rows, similarity[rows]
+
+    def similarity(self, query_vector: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        return self.unit_vectors[rows] @ query_vector.astype(np.float32)
+
+    def named(self, keys: list[str]) -> list[int]:
+        """The entities these compact name keys name, in the keys' order (unknown keys skipped)."""
+        return [self.lookup[key] for key in keys if key in self.lookup]
+
+    def relations_of(self, rows: list[int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Each row's related entities and the relation's share of the row's relation strength."""
+        out = {}
+        for row in rows:
+            lo, hi = self.relations.indptr[row], self.relations.indptr[row + 1]
+            out[row] = (self.relations.indices[lo:hi], self.relations.data[lo:hi])
+        return out
+
+    def chunks_of(self, rows: list[int]) -> list[np.ndarray]:
+        """The chunks (refs) each row is mentioned in."""
+        return [self.mentions.indices[self.mentions.indptr[r]:self.mentions.indptr[r + 1]] for r in rows]
+
+    def idf_of(self, rows) -> np.ndarray:
+        return self.idf[np.asarray(rows, dtype=np.int64)]
 
 
 @dataclass
