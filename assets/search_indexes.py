@@ -8,7 +8,9 @@ from assets.catalog import CORPUS, spec_kwargs
 from assets.partitions import GRAPH_WRITER_POOL
 from assets.skeleton import keyword_index, skeleton_selection
 from assets.corpus_result import corpus_result
+from assets.lexical import lexical_graph
 from lexgraph.indexing import corpus_update
+from lexgraph.query import lance_graph_tables
 from resources import IndexResource, LanceDBResource
 
 
@@ -31,4 +33,20 @@ def search_indexes(context: dg.AssetExecutionContext, index: IndexResource,
     else:
         context.log.info(f"{figures['chunks']} chunks, below LEXGRAPH_LANCE_THRESHOLD={figures['threshold']}: queries "
                          "load the index into memory; no search indexes built")
+    return corpus_result(context, outcome)
+
+
+@dg.asset(
+    kinds={"python", "lancedb"}, **spec_kwargs("graph_tables", CORPUS), deps=[lexical_graph, search_indexes],
+    pool=GRAPH_WRITER_POOL,
+    description="The lexical graph as LanceDB tables for the lance query backend (from LEXGRAPH_LANCE_THRESHOLD "
+    "chunks on, or always with LEXGRAPH_QUERY_BACKEND=lance): entities with their vectors, names, mentions and "
+    "relations; statements with their vectors, topics and bridging facts and entities; each keyed by row with a "
+    "BTREE, vectors with an ANN index from 20,000 rows. The graph and agentic routes read them a question at a "
+    "time instead of loading the graph. Rewritten whole when the lexical graph changed; below the threshold none.",
+)
+def graph_tables(context: dg.AssetExecutionContext, index: IndexResource, lancedb: LanceDBResource) -> dg.MaterializeResult:
+    outcome = lance_graph_tables.update_graph_tables(index.corpus_files(), lancedb.get(), index.extract_store(),
+                                                     index.settings())
+    context.log.info(f"graph tables: {outcome.figures['decision']} ({outcome.figures['chunks']} chunks)")
     return corpus_result(context, outcome)

@@ -8,7 +8,7 @@ from assets.documents import document_assets, inbox
 from assets.lexical import document_lexical_assets, lexical_assets
 from assets.maintenance import lance_compaction
 from assets.queries import query_log
-from assets.search_indexes import search_indexes
+from assets.search_indexes import graph_tables, search_indexes
 from assets.skeleton import corpus_assets, document_keywords
 from lexgraph.indexing.lexical_extraction import extractor_signature
 from lexgraph.ids import short_hash
@@ -26,7 +26,7 @@ ASSET_REVISIONS = {
     "retrieval_benchmark": 1, "chunk_extractions": 1, "search_indexes": 1, "document_statements": 1,
     "document_topics": 1,
     "document_facts": 1, "document_entities": 1, "lexical_graph": 1, "query_log": 1,
-    "lance_compaction": 1,
+    "lance_compaction": 1, "graph_tables": 1,
 }
 
 
@@ -46,6 +46,7 @@ def code_versions(settings: Settings) -> dict[str, str]:
         "chunk_extractions": extraction, "document_statements": extraction, "document_topics": extraction,
         "document_facts": extraction, "document_entities": extraction, "lexical_graph": extraction,
         "search_indexes": f"{document}|lance_threshold={settings.lance_threshold}|backend={settings.query_backend}",
+        "graph_tables": f"{document}|lance_threshold={settings.lance_threshold}|backend={settings.query_backend}",
         "lance_compaction": document,  # rewrites the files of tables the document settings shape, never content
         "query_log": document,  # answers cite chunks: a new chunker or model starts a new log's meaning
     }
@@ -60,7 +61,7 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
     versions = code_versions(settings)
     assets = dg.map_asset_specs(
         lambda spec: spec.replace_attributes(code_version=versions.get(spec.key.to_user_string(), spec.code_version)),
-        [*document_assets, document_keywords, *document_lexical_assets, *corpus_assets, search_indexes,
+        [*document_assets, document_keywords, *document_lexical_assets, *corpus_assets, search_indexes, graph_tables,
          *lexical_assets, lance_compaction, retrieval_benchmark, query_log])
     return dg.Definitions(
         assets=[inbox, *assets],

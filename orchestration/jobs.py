@@ -8,7 +8,7 @@ from assets.documents import document_assets, inbox, stored_hashes
 from assets.lexical import document_lexical_assets, lexical_assets
 from assets.maintenance import lance_compaction
 from assets.partitions import GRAPH_WRITER_POOL
-from assets.search_indexes import search_indexes
+from assets.search_indexes import graph_tables, search_indexes
 from assets.skeleton import corpus_assets, document_keywords
 from lexgraph.indexing import pipeline
 from resources import IndexResource, InboxResource, KuzuResource, LanceDBResource
@@ -24,10 +24,10 @@ ingest_documents = dg.define_asset_job(
 
 build_corpus_index = dg.define_asset_job(
     "build_corpus_index", selection=dg.AssetSelection.assets(*corpus_assets, search_indexes, *lexical_assets,
-                                                          lance_compaction),
+                                                          graph_tables, lance_compaction),
     description="Update the corpus-wide index: KNN graph → PageRank → skeleton, the keyword index, LanceDB's "
-    "search indexes (from LEXGRAPH_LANCE_THRESHOLD chunks on), and the lexical graph (Statement, Topic, Fact, "
-    "Entity) loaded from every document's extractions; last, the fragmented LanceDB tables are compacted.",
+    "search indexes (from LEXGRAPH_LANCE_THRESHOLD chunks on), the lexical graph (Statement, Topic, Fact, "
+    "Entity) loaded from every document's extractions, and its LanceDB tables (from the threshold on); last, the fragmented LanceDB tables are compacted.",
 )
 
 extract_documents = dg.define_asset_job(

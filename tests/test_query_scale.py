@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from assets.search_indexes import search_indexes
+from assets.search_indexes import graph_tables, search_indexes
 from lexgraph.cli import main as cli_main
 from lexgraph.extract.source_texts import source_text
 from lexgraph.ids import chunk_id
@@ -40,17 +40,21 @@ QUESTIONS = ["Who is the CEO of the engine supplier Kestrel?", "What did the arb
 
 @pytest.fixture(scope="module")
 def lance_home(tmp_path_factory, sample_home):
-    """A copy of the session's sample index whose search indexes the search_indexes asset built (threshold 1)."""
+    """A copy of the session's sample index whose search indexes and graph tables the search_indexes and
+    graph_tables assets built (threshold 1)."""
     home = tmp_path_factory.mktemp("scale") / "index"
     shutil.copytree(sample_home, home)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("LEXGRAPH_LANCE_THRESHOLD", "1")
         settings = Settings.from_env(home=home)
         index = IndexResource.from_settings(settings)
-        result = dg.materialize([search_indexes], resources={"index": index, "lancedb": LanceDBResource(index=index)})
+        result = dg.materialize([search_indexes, graph_tables], resources={"index": index,
+                                                                           "lancedb": LanceDBResource(index=index)},
+                                selection=[search_indexes.key, graph_tables.key])
     assert result.success
     metadata = result.asset_materializations_for_node("search_indexes")[0].metadata
     assert metadata["decision"].value == "build" and metadata["unindexed_rows"].value == 0
+    assert result.asset_materializations_for_node("graph_tables")[0].metadata["decision"].value == "written"
     return home
 
 
@@ -70,7 +74,8 @@ def _ids(retriever, method, question, n=10):
 
 def test_lance_backend_agrees_with_memory(pair):
     memory, lance = pair
-    assert lance.index.vectors is None and lance.index.graph is None  # nothing of size N × 384 held
+    assert lance.index.vectors is None and lance.index.keywords is None  # nothing of size N × 384 held
+    assert type(lance.index.graph.entities).__name__ == "LanceEntities"  # the graph read from its tables
     overlap = []
     for question in QUESTIONS:
         assert _ids(lance, "dense", question) == _ids(memory, "dense", question)  # IVF_FLAT, all partitions
@@ -83,7 +88,36 @@ def test_lance_backend_agrees_with_memory(pair):
     assert hit.text and hit.char_end > hit.char_start and hit.source_path
 
 
-def test_answers_through_lance_cite_exact_spans_and_graph_falls_back(lance_home, monkeypatch):
+GRAPH_QUESTIONS = [*QUESTIONS, "Who chairs Halvorsen Maritime and where did he open the meeting?",
+                   "Which supplier did Annika Vogt lead, and what was it fined?"]
+
+
+@pytest.mark.parametrize("method", ["statement", "entity", "path"])
+def test_graph_channels_on_lance_return_the_memory_backends_evidence(pair, method):
+    """The lexical graph read row by row from its LanceDB tables walks the same graph as the one loaded into
+    memory: the same chunks, in the same order, with the same scores (flat vector search below 20,000 rows)."""
+    memory, lance = pair
+    for question in GRAPH_QUESTIONS:
+        ours, theirs = lance.search(method, question, 10), memory.search(method, question, 10)
+        assert theirs, f"{method}: nothing for {question!r} in memory"
+        assert [h.chunk_id for h in ours] == [h.chunk_id for h in theirs], question
+        assert np.allclose([h.score for h in ours], [h.score for h in theirs], atol=1e-5)
+
+
+def test_statements_for_answers_read_from_the_tables(pair):
+    from lexgraph.query.graph_channels import statements_for
+
+    memory, lance = pair
+    for question in QUESTIONS:
+        vector = memory.embed(question)
+        hits = lance.search("hybrid", question, 3)
+        found = statements_for(lance.index, vector, [h.chunk_id for h in hits], 5)
+        expected = statements_for(memory.index, vector, [h.chunk_id for h in hits], 5)
+        assert [s.statement_id for s in found] == [s.statement_id for s in expected]
+        assert all(s.chunk_id in {h.chunk_id for h in hits} for s in found)
+
+
+def test_answers_through_lance_cite_exact_spans_and_graph_falls_back(lance_home, monkeypatch, tmp_path):
     monkeypatch.setenv("LEXGRAPH_QUERY_BACKEND", "lance")
     settings = Settings.from_env(home=lance_home)
     service = QueryService(settings, use_llm=False)
@@ -94,10 +128,18 @@ def test_answers_through_lance_cite_exact_spans_and_graph_falls_back(lance_home,
     for citation in service.provenance(answer["query_id"])["citations"]:
         text = source_text(store, catalog[citation["doc_id"]])["text"]
         assert text[citation["char_start"]:citation["char_end"]] == citation["text"]
-    routed = service.ask(QUESTIONS[2], route="graph")
-    line = service.log.lines()[-1]
+    routed = service.ask(QUESTIONS[2], route="graph")  # the graph tables are there: the graph route runs
+    assert routed["route"] == "graph" and routed["citations"]
+    assert not [r for r in service.log.lines()[-1].get("retries") or [] if r.get("to") == "semantic"]
+    # an index whose graph tables were never written (built before them) answers on the semantic route, and says so
+    bare = tmp_path / "bare"
+    shutil.copytree(lance_home, bare)
+    (LexIndex(Settings.from_env(home=bare)).corpus_files.graph_tables).unlink()
+    fallback = QueryService(Settings.from_env(home=bare), use_llm=False)
+    routed = fallback.ask(QUESTIONS[2], route="graph")
+    line = fallback.log.lines()[-1]
     assert routed["route"] == "semantic" and line["requested_route"] == "graph"
-    assert line["retries"][0]["from"] == "graph" and "graph channels not loaded" in line["retries"][0]["reason"]
+    assert line["retries"][0]["from"] == "graph" and "tables are not written yet" in line["retries"][0]["reason"]
 
 
 def test_missing_ann_index_falls_back_to_flat_search(lance_home, pair, tmp_path):
@@ -352,7 +394,7 @@ def test_bad_questions_get_clean_answers_in_lance_mode(lance_home, monkeypatch, 
             service.ask(question, route="semantic")
         return
     answer = service.ask(question, route="auto")
-    assert isinstance(answer["answer"], str) and answer["route"] == "semantic"
+    assert isinstance(answer["answer"], str) and answer["route"] in ("semantic", "graph", "agentic")
     assert service.log.lines()[-1]["query_id"] == answer["query_id"]
 
 

@@ -26,13 +26,16 @@ from lexgraph.indexing.pipeline import ENTITIES, FACTS, RELATIONS, STATEMENTS, T
 
 # The corpus assets, in the order the corpus job runs them; each records the catalog it was built from.
 CORPUS_STEPS = ("chunk_knn_graph", "chunk_pagerank", "skeleton_selection", "keyword_index", "search_indexes",
-                "lexical_graph")
+                "lexical_graph", "graph_tables")
 # The step that loads the lexical graph; re-extraction without a catalog change makes only it out of step.
 LEXICAL_GRAPH = "lexical_graph"
 # LanceDB's search indexes; a changed LEXGRAPH_LANCE_THRESHOLD or query backend makes only it out of step.
 SEARCH_INDEXES = "search_indexes"
+# The lexical graph as LanceDB tables for the lance query backend (lexgraph.query.lance_graph_tables); it follows
+# the lexical graph and the search settings.
+GRAPH_TABLES = "graph_tables"
 # Steps nothing else reads: when only they are out of step, they run alone (not the whole corpus job).
-SOLO_STEPS = (SEARCH_INDEXES, LEXICAL_GRAPH)
+SOLO_STEPS = (SEARCH_INDEXES, LEXICAL_GRAPH, GRAPH_TABLES)
 LEXICAL_TABLES = (STATEMENTS, TOPICS, FACTS, ENTITIES, RELATIONS)
 
 
@@ -50,7 +53,7 @@ def step_settings(step: str, settings) -> str:
     knn = f"knn_k={settings.knn_k} knn_mode={settings.knn_mode}"
     search = f"query_backend={settings.query_backend} lance_threshold={settings.lance_threshold}"
     return {"chunk_knn_graph": knn, "chunk_pagerank": knn, "skeleton_selection": f"{knn} beta={settings.beta}",
-            SEARCH_INDEXES: search}.get(step, "")
+            SEARCH_INDEXES: search, GRAPH_TABLES: search}.get(step, "")
 
 
 def solo_steps(stale: list[str]) -> list[str] | None:
@@ -83,6 +86,7 @@ class CorpusFiles:
         self.keyword_index_parquet = self.root / "keyword_index.parquet"  # before: read once, then replaced
         self.keyword_contrib = self.root / "keyword_contrib"  # each document's stats as added
         self.built_from = self.root / "built_from.json"  # step -> catalog digest it was built from
+        self.graph_tables = self.root / "graph_tables.json"  # the lexical graph the lance graph tables hold
         self.entity_merges = self.root / "entity_merges.parquet"  # every surface form folded into an entity, and why
         self.reextracted = self.root / "reextracted.json"  # the selection diff whose re-extraction is done
         self.lexical_inputs = self.root / "lexical_inputs.json"  # the lexical tables the lexical graph was built from
@@ -158,7 +162,14 @@ class CorpusFiles:
                  if built.get(step) != digest or built.get(step + WITH, "") != step_settings(step, settings)]
         if LEXICAL_GRAPH not in stale and self.lexical_inputs_digest(indexed) != self.recorded_lexical_inputs():
             stale.append(LEXICAL_GRAPH)  # documents were re-extracted since it was built
+        if GRAPH_TABLES not in stale and (LEXICAL_GRAPH in stale or self._graph_tables_behind()):
+            stale.append(GRAPH_TABLES)  # written from another lexical graph than the one built last
         return stale
+
+    def _graph_tables_behind(self) -> bool:
+        """The graph tables were written (the lance backend's) from a lexical graph built before the last one."""
+        state = read_json(self.graph_tables)
+        return bool(state) and state.get("lexical_inputs") != self.recorded_lexical_inputs()
 
     def write(self, path: Path, frame: pl.DataFrame) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -479,7 +479,7 @@ def statements_for(index: RetrievalIndex, query_vector: np.ndarray, chunk_rows: 
                    if (c in index.position if isinstance(c, str) else 0 <= int(c) < index.size)})
     if not rows:
         return []
-    members = graph.of_chunks(rows)
+    members = graph.of_chunks(index.backend.chunk_refs(index, rows))
     if not len(members):
         return []
     similarity = graph.similarity(query_vector, members)

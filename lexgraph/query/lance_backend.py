@@ -366,6 +366,32 @@ class LanceBackend:
         index.chunks.fetch(rows[:PREFETCH_ROWS])  # what the context reads first: one take
         return spread(index.size, rows, values)
 
+    def chunk_cosines(self, index, query_vector: np.ndarray, refs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows and query cosines of the chunks these ids name (the lance graph's refs): one read of their vectors
+        through the chunk_id BTREE; row -1 for an id the table does not hold (or not in the scan at load)."""
+        ids = [str(r) for r in refs]
+        rows, cosine = np.full(len(ids), -1, dtype=np.int64), np.zeros(len(ids))
+        if not ids:
+            return rows, cosine
+        at = {c: i for i, c in enumerate(ids)}
+        for start in range(0, len(ids), 2_000):
+            part = ids[start:start + 2_000]
+            found = self.search.chunks.search().where(_in_list("chunk_id", part)).select(
+                ["chunk_id", "vector", "_rowid"]).limit(len(part)).to_arrow()
+            if not found.num_rows:
+                continue
+            matrix = found.column("vector").combine_chunks().values.to_numpy().reshape(found.num_rows, -1)
+            where = np.array([at[c] for c in found.column("chunk_id").to_pylist()], dtype=np.int64)
+            mapped, present = self.search._rows(found.column("_rowid").to_numpy())
+            rows[where[present]] = mapped
+            cosine[where] = matrix @ query_vector
+        return rows, cosine
+
+    def chunk_refs(self, index, rows) -> list[str]:
+        """The lance graph's refs of these chunk rows: their chunk ids (one take for the rows not cached)."""
+        index.chunks.fetch(rows)
+        return [index.chunks.row(r)["chunk_id"] for r in rows]
+
     def fetch(self, index, rows: np.ndarray) -> None:
         """Rows about to be read: one LanceDB take, not one each."""
         index.chunks.fetch(rows)

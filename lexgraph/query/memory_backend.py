@@ -62,6 +62,10 @@ class MemoryBackend:
         rows = np.asarray(refs, dtype=np.int64)
         return rows, index.vectors[rows] @ query_vector
 
+    def chunk_refs(self, index: RetrievalIndex, rows) -> list[int]:
+        """The memory graph's refs of these chunk rows: the rows."""
+        return [int(r) for r in rows]
+
     def fetch(self, index: RetrievalIndex, rows: np.ndarray) -> None:
         """Rows about to be read: all are in memory already."""
 

@@ -85,7 +85,7 @@ def load_lance_index(settings: Settings, params: RetrievalParams | None = None,
                      lance_params: "lance_backend.LanceParams | None" = None) -> RetrievalIndex:
     """An index whose semantic channels query LanceDB's ANN and full-text indexes: only each chunk's row id
     and token count are read up front. Raises ValueError when nothing is indexed."""
-    from lexgraph.query import lance_backend
+    from lexgraph.query import lance_backend, lance_graph
 
     params = params or RetrievalParams()
     store = VectorStore(settings.lance_uri)
@@ -93,9 +93,11 @@ def load_lance_index(settings: Settings, params: RetrievalParams | None = None,
         raise ValueError(f"{settings.index_dir}: no chunks are indexed; ingest the corpus first")
     rows, search, terms = lance_backend.load(store, params.bm25_k1, params.bm25_b, params.split_camel_case,
                                              lance_params)
+    graph, missing = lance_graph.load_lance_graph(store, corpus_state.CorpusFiles(settings.index_dir),
+                                                  search.params.nprobes)
     return RetrievalIndex(chunks=rows, vectors=None, bm25=terms, keywords=None, neighbours=None, pagerank=None,
-                          settings=settings, position=lance_backend.FetchedPositions(rows),
-                          backend=lance_backend.LanceBackend(search))
+                          settings=settings, position=lance_backend.FetchedPositions(rows), graph=graph,
+                          backend=lance_backend.LanceBackend(search), graph_missing=missing)
 
 
 def _load_keywords(store: VectorStore, extract: ExtractStore, chunks: pl.DataFrame,

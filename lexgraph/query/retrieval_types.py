@@ -140,6 +140,9 @@ class ChunkBackend(Protocol):
         """(rows, cosine with the query) of the chunks the lexical graph's refs name; row -1 for a ref the chunk
         table does not hold."""
 
+    def chunk_refs(self, index: "RetrievalIndex", rows) -> list:
+        """What the lexical graph names these chunk rows by (rows in memory, chunk ids on LanceDB)."""
+
     def fetch(self, index: "RetrievalIndex", rows: np.ndarray) -> None:
         """Rows about to be read (the context's best hits): read together where reading costs."""
 
@@ -161,6 +164,7 @@ class RetrievalIndex:
     # LanceBackend (lexgraph.query.lance_backend) over LanceDB's indexes; with the latter chunks is a ChunkRows
     # (rows fetched by id), bm25 a sample's TermStats, and no vectors, keywords or graph are held
     backend: ChunkBackend | None = None
+    graph_missing: str = ""  # why a lance-backed index has no lexical graph (graph is None), for the answer's log
 
     @property
     def size(self) -> int:
@@ -226,7 +230,7 @@ class StatementGraph:
         return self.chunk_rows[rows]
 
     def of_chunks(self, refs: list) -> np.ndarray:
-        """The statements of these chunks, by row."""
+        """The statements of these chunks (refs: rows), by row."""
         return np.unique(self.by_chunk[refs].indices)
 
     def describe(self, rows: np.ndarray, chunks) -> list[tuple[str, str, str, str, str]]:

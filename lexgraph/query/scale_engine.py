@@ -1,18 +1,21 @@
-"""The query engine over the lance backend (lexgraph.query.lance_backend): the graph channels (statements,
-entities, paths) are not loaded there, so the graph and agentic routes would silently be the semantic
-ranking under another name. Instead they fall back to the semantic route, and the answer's log line says so
-(a retry from the route to semantic, with the reason); the semantic route's thin-evidence retry to the graph
-route is skipped, since it would rank the same chunks again."""
+"""The query engine over the lance backend (lexgraph.query.lance_backend) of an index whose lexical graph has no
+LanceDB tables yet (lexgraph.query.lance_graph_tables: written by the corpus job; an index built before them, or
+a corpus job that has not run since): the graph channels have nothing to read, so the graph and agentic routes
+would silently be the semantic ranking under another name. Instead they fall back to the semantic route, and the
+answer's log line says so (a retry from the route to semantic, with the reason); the semantic route's
+thin-evidence retry to the graph route is skipped, since it would rank the same chunks again. With the tables,
+the service uses the plain QueryEngine."""
 from __future__ import annotations
 
 from lexgraph.query.engine import QueryEngine, Retrieval
 
 
 class ScaleQueryEngine(QueryEngine):
-    def __init__(self, *args, chunks: int, threshold: int, **kwargs):
+    def __init__(self, *args, chunks: int, threshold: int, why: str = "", **kwargs):
         super().__init__(*args, **kwargs)
-        self.fallback_reason = (f"graph channels not loaded on the lance query backend ({chunks} chunks; "
-                                f"LEXGRAPH_LANCE_THRESHOLD={threshold}): answered on the semantic route")
+        self.fallback_reason = (f"no lexical graph on the lance query backend ({chunks} chunks; "
+                                f"LEXGRAPH_LANCE_THRESHOLD={threshold}): {why or 'its tables are missing'}; "
+                                "answered on the semantic route")
 
     def _run(self, question: str, route: str, decision, latency: dict) -> Retrieval:
         if route == "semantic":

@@ -224,9 +224,10 @@ class QueryService:
             from lexgraph.query.decompose import llm_decomposer
 
             answerer, decompose = LLMAnswerer(llm, extractive), llm_decomposer(llm)
-        if lance:
+        if lance and retriever.index.graph is None:
             return ScaleQueryEngine(retriever, router, answerer, self.params, decompose,
-                                    chunks=retriever.index.size, threshold=self.settings.lance_threshold)
+                                    chunks=retriever.index.size, threshold=self.settings.lance_threshold,
+                                    why=retriever.index.graph_missing)
         return QueryEngine(retriever, router, answerer, self.params, decompose)
 
     def _router_for(self, embedder):

@@ -1,0 +1,214 @@
+"""The lexical graph read from its LanceDB tables (lexgraph.query.lance_graph_tables), a question at a time: what
+the statement, entity and path channels and the answer layer need on the lance query backend.
+
+LanceEntities and LanceStatements answer the same calls as the memory graph (retrieval_types.EntityGraph and
+StatementGraph): nearest (the vector table's ANN index, or a flat search below it), similarity of given rows,
+names, relations, mentions, topic and link members. Rows are fetched by number through the tables' BTREE and
+kept in a bounded cache, so a question reads its neighbourhood once and the process holds no graph-sized array.
+Chunk refs are chunk ids here: the lance chunk backend turns them into rows and cosines (LanceBackend.chunk_cosines).
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from lexgraph.query.lance_graph_tables import (GRAPH_ENTITIES, GRAPH_LINKS, GRAPH_NAMES, GRAPH_STATEMENTS,
+                                               GRAPH_TOPICS, read_state, tables_current)
+from lexgraph.query.retrieval_types import LexicalGraph
+from lexgraph.storage.vector_store import VectorStore, _in_list
+
+CACHE_ROWS = 50_000  # rows of each table kept between questions
+_IN_BATCH = 2_000  # ids in one IN (...) filter
+
+
+class _RowCache:
+    """Rows of one graph table by key, fetched in batches and kept in a bounded LRU."""
+
+    def __init__(self, table, key: str, columns: list[str], size: int = CACHE_ROWS):
+        self.table, self.key, self.columns, self.size = table, key, columns, size
+        self._cache: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, keys) -> dict:
+        """key -> record (a dict of the columns) for the keys the table holds."""
+        keys = list(dict.fromkeys(keys))
+        with self._lock:
+            missing = [k for k in keys if k not in self._cache]
+        fetched = {}
+        for start in range(0, len(missing), _IN_BATCH):
+            part = missing[start:start + _IN_BATCH]
+            found = self.table.search().where(_in(self.key, part)).select(self.columns).limit(len(part)).to_arrow()
+            for record in found.to_pylist():
+                fetched[record[self.key]] = record
+        with self._lock:
+            self._cache.update(fetched)
+            out = {}
+            for k in keys:
+                record = self._cache.get(k)
+                if record is not None:
+                    self._cache.move_to_end(k)
+                    out[k] = record
+            while len(self._cache) > self.size:
+                self._cache.popitem(last=False)
+        return out
+
+
+def _in(column: str, values: list) -> str:
+    if values and isinstance(values[0], str):
+        return _in_list(column, values)
+    return f"{column} IN ({', '.join(str(int(v)) for v in values)})"
+
+
+def _nearest(table, query_vector: np.ndarray, k: int, nprobes: int) -> tuple[np.ndarray, np.ndarray]:
+    found = table.search(query_vector.astype(np.float32)).distance_type("cosine").nprobes(nprobes).limit(k) \
+        .select(["row", "_distance"]).to_arrow()
+    return (found.column("row").to_numpy().astype(np.int64),
+            (1.0 - found.column("_distance").to_numpy()).astype(np.float32))
+
+
+def _vectors_of(records: dict, rows: np.ndarray) -> np.ndarray:
+    return np.array([records[int(r)]["vector"] for r in rows.tolist()], dtype=np.float32)
+
+
+class LanceEntities:
+    """The entity graph of the entity and path channels, read from graph_entities and graph_entity_names."""
+
+    def __init__(self, store: VectorStore, state: dict, nprobes: int):
+        self.table = store.db.open_table(GRAPH_ENTITIES)
+        self.names = store.db.open_table(GRAPH_NAMES)
+        self.size = self.table.count_rows()
+        self.nprobes = nprobes
+        self.idf_max = float(state.get("entity_idf_max", 0.0))
+        self.has_mentions = bool(state.get("entity_mentions"))
+        self.has_relations = bool(state.get("entity_relations"))
+        self._rows = _RowCache(self.table, "row", ["row", "entity_id", "name", "entity_type", "idf", "vector",
+                                                   "chunk_ids", "neighbours", "shares"])
+        self._keys = {kind: _RowCache(self.names, "key", ["key", "row", "kind"]) for kind in ("name", "part")}
+
+    def nearest(self, query_vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        return _nearest(self.table, query_vector, k, self.nprobes)
+
+    def similarity(self, query_vector: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.int64)
+        if not len(rows):
+            return np.zeros(0, dtype=np.float32)
+        return _vectors_of(self._rows.get(rows.tolist()), rows) @ query_vector.astype(np.float32)
+
+    def _named(self, keys: list[str], kind: str) -> list[int]:
+        if not keys:
+            return []
+        found = self.names.search().where(f"kind = '{kind}' AND {_in('key', list(dict.fromkeys(keys)))}") \
+            .select(["key", "row"]).limit(len(keys)).to_arrow()
+        row_of = dict(zip(found.column("key").to_pylist(), found.column("row").to_pylist()))
+        return [int(row_of[k]) for k in keys if k in row_of]
+
+    def named(self, keys: list[str]) -> list[int]:
+        return self._named(keys, "name")
+
+    def partly_named(self, keys: list[str]) -> list[int]:
+        return self._named(keys, "part")
+
+    def relations_of(self, rows: list[int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        records = self._rows.get(rows)
+        return {r: (np.asarray(records[r]["neighbours"] or [], dtype=np.int64),
+                    np.asarray(records[r]["shares"] or [], dtype=np.float64)) for r in rows if r in records}
+
+    def chunks_of(self, rows: list[int]) -> list[np.ndarray]:
+        records = self._rows.get(rows)
+        return [np.asarray(records[r]["chunk_ids"] if r in records else [], dtype=object) for r in rows]
+
+    def idf_of(self, rows) -> np.ndarray:
+        rows = [int(r) for r in rows]
+        records = self._rows.get(rows)
+        return np.array([records[r]["idf"] if r in records else 0.0 for r in rows], dtype=np.float64)
+
+    def types_of(self, rows) -> np.ndarray:
+        rows = [int(r) for r in rows]
+        records = self._rows.get(rows)
+        return np.array([(records[r]["entity_type"] or "other") if r in records else "other" for r in rows],
+                        dtype=object)
+
+    def describe(self, rows) -> list[tuple[str, str]]:
+        """(entity id, name) of each row."""
+        records = self._rows.get([int(r) for r in rows])
+        return [(records[r]["entity_id"], records[r]["name"]) for r in rows if r in records]
+
+
+class LanceStatements:
+    """The statement graph of the statement channel and the answer layer, read from graph_statements,
+    graph_topics and graph_links."""
+
+    def __init__(self, store: VectorStore, nprobes: int):
+        self.table = store.db.open_table(GRAPH_STATEMENTS)
+        self.size = self.table.count_rows()
+        self.nprobes = nprobes
+        self._rows = _RowCache(self.table, "row", ["row", "statement_id", "text", "topic", "topic_row", "chunk_id",
+                                                   "doc_id", "vector", "links"])
+        self._topics = _RowCache(store.db.open_table(GRAPH_TOPICS), "topic_row", ["topic_row", "members"])
+        self._links = _RowCache(store.db.open_table(GRAPH_LINKS), "node", ["node", "node_id", "idf", "members"])
+
+    def nearest(self, query_vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        return _nearest(self.table, query_vector, k, self.nprobes)
+
+    def similarity(self, query_vector: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.int64)
+        if not len(rows):
+            return np.zeros(0, dtype=np.float32)
+        return _vectors_of(self._rows.get(rows.tolist()), rows) @ query_vector.astype(np.float32)
+
+    def _record(self, row: int) -> dict:
+        return self._rows.get([int(row)])[int(row)]
+
+    def topic_of(self, row: int) -> int:
+        return int(self._record(row)["topic_row"])
+
+    def links_of(self, row: int) -> np.ndarray:
+        return np.asarray(self._record(row)["links"] or [], dtype=np.int64)
+
+    def link_strength(self, node: int) -> float:
+        return float(self._links.get([int(node)])[int(node)]["idf"])
+
+    def link_name(self, node: int) -> str:
+        return self._links.get([int(node)])[int(node)]["node_id"]
+
+    def topic_statements(self, topic: int) -> np.ndarray:
+        record = self._topics.get([int(topic)]).get(int(topic))
+        return np.asarray(record["members"] if record else [], dtype=np.int64)
+
+    def link_statements(self, node: int) -> np.ndarray:
+        record = self._links.get([int(node)]).get(int(node))
+        return np.asarray(record["members"] if record else [], dtype=np.int64)
+
+    def chunk_refs(self, rows: np.ndarray) -> np.ndarray:
+        records = self._rows.get([int(r) for r in rows])
+        return np.array([records[int(r)]["chunk_id"] for r in rows], dtype=object)
+
+    def of_chunks(self, chunk_ids: list[str]) -> np.ndarray:
+        """The statements of these chunks (by chunk id), by row."""
+        if not chunk_ids:
+            return np.zeros(0, dtype=np.int64)
+        found = self.table.search().where(_in("chunk_id", list(chunk_ids))).select(["row"]) \
+            .limit(None).to_arrow()
+        return np.unique(found.column("row").to_numpy().astype(np.int64))
+
+    def describe(self, rows: np.ndarray, chunks=None) -> list[tuple[str, str, str, str, str]]:
+        records = self._rows.get([int(r) for r in rows])
+        return [(records[r]["statement_id"], records[r]["text"], records[r]["topic"], records[r]["chunk_id"],
+                 records[r]["doc_id"]) for r in (int(x) for x in rows)]
+
+
+def load_lance_graph(store: VectorStore, files, nprobes: int) -> tuple[LexicalGraph | None, str]:
+    """The lexical graph over its LanceDB tables, or (None, why not): never written (below the threshold, or an
+    index from before the tables), or written from an older lexical graph than the one built last."""
+    state = read_state(files)
+    if not state:
+        return None, "the lexical graph's LanceDB tables are not written yet; the corpus job writes them"
+    if not tables_current(files):
+        return None, "the lexical graph's LanceDB tables are behind the lexical graph; the corpus job rewrites them"
+    names = set(store.table_names())
+    entities = LanceEntities(store, state, nprobes) if {GRAPH_ENTITIES, GRAPH_NAMES} <= names else None
+    statements = LanceStatements(store, nprobes) \
+        if {GRAPH_STATEMENTS, GRAPH_TOPICS, GRAPH_LINKS} <= names else None
+    return LexicalGraph(statements, entities, float(state.get("bridge_pair_share", 1.0))), ""
