@@ -434,3 +434,49 @@ def test_nprobes_covers_a_share_of_the_partitions_and_never_less_than_the_floor(
     assert floor.nprobes == math.ceil(0.5 * partitions) > 1  # the share wins over a lower floor
     share = LanceSearch(search.store, search.rows, replace(search.params, nprobes=7, probe_share=0.0))
     assert share.nprobes == 7
+
+
+def test_an_index_from_before_the_graph_tables_is_brought_up_by_the_corpus_job(lance_home, tmp_path, monkeypatch,
+                                                                               instance):
+    """An index built before the graph tables: the graph_tables step is the only one out of step, it runs alone
+    (what `lexgraph ingest` and the corpus sensor do), and the graph route then runs on the lance backend."""
+    import json
+
+    from lexgraph.indexing.corpus_state import solo_steps
+    from orchestration.definitions import build_definitions
+    from orchestration.runner import run_corpus_steps
+
+    monkeypatch.setenv("LEXGRAPH_LANCE_THRESHOLD", "1")
+    home = tmp_path / "old"
+    shutil.copytree(lance_home, home)
+    settings = Settings.from_env(home=home)
+    files = LexIndex(settings).corpus_files
+    built = json.loads(files.built_from.read_text())
+    files.built_from.write_text(json.dumps({k: v for k, v in built.items() if not k.startswith("graph_tables")}))
+    files.graph_tables.unlink()
+    catalog = VectorStore(settings.lance_uri).indexed_hashes()
+    stale = files.stale_steps(catalog, settings)
+    assert stale == ["graph_tables"] and solo_steps(stale) == ["graph_tables"]
+    assert QueryService(settings, use_llm=False).ask(QUESTIONS[2], route="graph")["route"] == "semantic"
+    result = run_corpus_steps(build_definitions(settings), instance, solo_steps(stale))
+    assert result.success and files.stale_steps(catalog, settings) == []
+    assert QueryService(settings, use_llm=False).ask(QUESTIONS[2], route="graph")["route"] == "graph"
+
+
+def test_a_graph_route_question_is_answered_while_another_process_holds_the_graph_writer(lance_home, monkeypatch):
+    """The lance backend's graph channels read LanceDB, never Kùzu: an ingest holding the single writer does not
+    hold up a question."""
+    monkeypatch.setenv("LEXGRAPH_QUERY_BACKEND", "lance")
+    settings = Settings.from_env(home=lance_home)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from lexgraph.storage.graph_store import GraphStore\n"
+         "with GraphStore.writer(sys.argv[1]):\n    print('holding', flush=True); time.sleep(120)",
+         settings.graph_path], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        answer = QueryService(settings, use_llm=False).ask(QUESTIONS[0], route="graph")
+        assert answer["route"] == "graph" and answer["citations"]
+        assert holder.poll() is None  # still holding it
+    finally:
+        holder.kill()
+        holder.wait()
