@@ -14,7 +14,8 @@ from dagster._core.definitions.data_version import DATA_VERSION_TAG
 
 from assets.documents import inbox as inbox_asset
 from assets.partitions import documents
-from lexgraph.indexing.corpus_state import LEXICAL_GRAPH, SEARCH_INDEXES, catalog_digest, solo_steps, step_settings
+from lexgraph.indexing.corpus_state import (GRAPH_TABLES, LEXICAL_GRAPH, SEARCH_INDEXES, catalog_digest, solo_steps,
+                                            step_settings)
 from lexgraph.ids import short_hash
 from lexgraph.inbox import FileState, ReconcilePlan, ScanCache, scan_folder, scan_inbox, states_from_json
 from lexgraph.indexing.repair import drop_damaged_documents
@@ -231,6 +232,9 @@ def corpus_index_sensor(context: dg.SensorEvaluationContext, index: IndexResourc
         state = f"{state}-lexical-{files.lexical_inputs_digest(indexed)[:12]}"
     if solo and SEARCH_INDEXES in solo:  # the settings asked for, so that a changed setting is a new request
         state = f"{state}-search-{short_hash(step_settings(SEARCH_INDEXES, index.settings()), 8)}"
+    if solo and GRAPH_TABLES in solo:  # the lexical graph and settings the tables are to be written from
+        graph = f"{files.recorded_lexical_inputs()}|{step_settings(GRAPH_TABLES, index.settings())}"
+        state = f"{state}-graph-{short_hash(graph, 8)}"
     return dg.RunRequest(run_key=f"{state}-{len(failed)}", job_name=build_corpus_index.name, asset_selection=selection,
                          tags={CORPUS_STATE_TAG: state, "lexgraph/catalog_digest": digest,
                                "lexgraph/stale_steps": ",".join(stale)})

@@ -2,7 +2,8 @@
 settings change or a crash stops it before its record, and then run alone (not the whole corpus job)."""
 import dagster as dg
 
-from lexgraph.indexing.corpus_state import CORPUS_STEPS, SEARCH_INDEXES, CorpusFiles, catalog_digest, solo_steps
+from lexgraph.indexing.corpus_state import (CORPUS_STEPS, GRAPH_TABLES, SEARCH_INDEXES, CorpusFiles, catalog_digest,
+                                            solo_steps)
 from lexgraph.settings import Settings
 from lexgraph.storage import lance_indexes
 from orchestration.runner import ingest_folder
@@ -37,13 +38,14 @@ def test_search_indexes_recorded_rerun_alone_on_a_setting_change_and_after_a_cra
     assert files.stale_steps(catalog, settings) == []
     assert not lance_indexes.state_path(files.root).exists()  # below the threshold: nothing built
 
-    # a lower threshold: only search_indexes is out of step, and only it runs
+    # a lower threshold: only the steps the search settings shape (search_indexes and the lexical graph's tables)
+    # are out of step, and only they run
     monkeypatch.setenv("LEXGRAPH_LANCE_THRESHOLD", "1")
     lowered = Settings.from_env(home=home)
-    assert files.stale_steps(catalog, lowered) == [SEARCH_INDEXES]
+    assert files.stale_steps(catalog, lowered) == [SEARCH_INDEXES, GRAPH_TABLES]
     report = _ingest(tiny_corpus, instance, home)
-    assert report.corpus_run is not None and _steps_run(instance, report.corpus_run) == [SEARCH_INDEXES]
-    assert lance_indexes.state_path(files.root).exists()
+    assert report.corpus_run is not None and _steps_run(instance, report.corpus_run) == [GRAPH_TABLES, SEARCH_INDEXES]
+    assert lance_indexes.state_path(files.root).exists() and files.graph_tables.exists()
     assert files.stale_steps(catalog, lowered) == []
     assert _ingest(tiny_corpus, instance, home).corpus_run is None  # current: nothing runs
 
@@ -70,7 +72,7 @@ def test_a_failing_search_step_stays_out_of_step_and_names_the_problem(tiny_corp
     assert SEARCH_INDEXES in files.stale_steps(catalog, Settings.from_env(home=home))
     state.rmdir()
     report = _ingest(tiny_corpus, instance, home)
-    assert _steps_run(instance, report.corpus_run) == [SEARCH_INDEXES]
+    assert SEARCH_INDEXES in _steps_run(instance, report.corpus_run)
     assert files.stale_steps(catalog, Settings.from_env(home=home)) == []
     latest = instance.fetch_materializations(dg.AssetKey(SEARCH_INDEXES), limit=1).records[0]
     assert latest.asset_materialization.metadata["decision"].value != "below threshold: none"
@@ -108,7 +110,7 @@ def test_chunk_rows_of_the_former_layout_lose_their_score_columns_and_keep_their
     assert "delta.md" in " ".join(vectors.sources()["relative_path"].to_list())
 
 
-def test_the_corpus_sensor_runs_search_indexes_alone_once_per_setting(tiny_corpus, home, instance):
+def test_the_corpus_sensor_runs_the_search_steps_alone_once_per_setting(tiny_corpus, home, instance):
     from orchestration.definitions import build_definitions
     from orchestration.sensors import corpus_index_sensor
 
@@ -124,7 +126,7 @@ def test_the_corpus_sensor_runs_search_indexes_alone_once_per_setting(tiny_corpu
     requests = {}
     for threshold in (1, 2):
         [request] = tick(settings.with_(lance_threshold=threshold)).run_requests
-        assert request.asset_selection == [dg.AssetKey(SEARCH_INDEXES)]
+        assert request.asset_selection == [dg.AssetKey(SEARCH_INDEXES), dg.AssetKey(GRAPH_TABLES)]
         assert "-search-" in request.run_key
         requests[threshold] = request.run_key
     assert requests[1] != requests[2]  # another setting is another request, never deduplicated away
