@@ -16,7 +16,8 @@ from lexgraph.ids import document_key
 from lexgraph.query.retrieval import Retriever
 from lexgraph.query.retrieval_types import Hit
 
-ENGINE_METHODS = ("auto", "answer")
+ROUTE_METHODS = ("semantic", "graph", "agentic")  # the engine forced onto one route
+ENGINE_METHODS = ("auto", "answer", *ROUTE_METHODS)
 
 
 def build_engine(retriever: Retriever, budget: int):
@@ -27,7 +28,15 @@ def build_engine(retriever: Retriever, budget: int):
 
     router = default_router(retriever.index.settings.router_exemplars if retriever.index.settings else (),
                             retriever.embed_batch or (lambda qs: [retriever.embed(q) for q in qs]))
-    return QueryEngine(retriever, router, ExtractiveAnswerer(retriever.index.bm25), QueryParams(budget=budget))
+    answerer, params = ExtractiveAnswerer(retriever.index.bm25), QueryParams(budget=budget)
+    index = retriever.index
+    if index.graph_missing:  # as the service does: the graph routes say they fell back
+        from lexgraph.query.scale_engine import ScaleQueryEngine
+
+        settings = index.settings
+        return ScaleQueryEngine(retriever, router, answerer, params, chunks=index.size,
+                                threshold=settings.lance_threshold if settings else 0, why=index.graph_missing)
+    return QueryEngine(retriever, router, answerer, params)
 
 
 class EngineSearcher:
@@ -42,8 +51,8 @@ class EngineSearcher:
         if method not in ENGINE_METHODS:
             self.last = None
             return self.retriever.search(method, query, top_n)
-        if method == "auto":
-            retrieval, answer = self.engine.retrieve(query, "auto"), None
+        if method in ("auto", *ROUTE_METHODS):
+            retrieval, answer = self.engine.retrieve(query, method), None
         else:
             retrieval, answer = self.engine.answer(query, "auto")
         self.last = {"route": retrieval.route, "retried": bool(retrieval.retries), "answer": answer}

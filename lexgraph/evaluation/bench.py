@@ -29,7 +29,8 @@ from lexgraph.evaluation.answers import ENGINE_METHODS, EngineSearcher, answer_f
 from lexgraph.evaluation.corpus import BenchError, PreparedCorpus, prepare_corpus
 from lexgraph.evaluation.report import answers_table, recall_svg, report_markdown, summary_table
 from lexgraph.ids import document_key
-from lexgraph.query.retrieval import DEFAULT_TOP_N, METHODS, Retriever, load_index
+from lexgraph.query.retrieval import DEFAULT_TOP_N, METHODS, Retriever, index_loader
+from lexgraph.storage.vector_store import CHUNKS as CHUNK_TABLE, VectorStore
 from lexgraph.query.retrieval_types import Hit, RetrievalParams
 from lexgraph.settings import Settings
 
@@ -77,7 +78,6 @@ def ensure_index(corpus: PreparedCorpus, indexer: CorpusIndexer, progress: bool 
     import io
 
     from lexgraph.extract.embedder import Embedder
-    from lexgraph.storage.vector_store import VectorStore
 
     settings = Settings.from_env(home=corpus.index_home)
     embedder = Embedder.shared(settings.embed_model, backend=settings.embed_backend)
@@ -308,7 +308,8 @@ def evaluate_index(settings: Settings, questions_path: str | Path, budget: int =
     except ev.QuestionsFileError as error:
         raise BenchError(str(error)) from None
     params = params or RetrievalParams()
-    index = load_index(settings, params)
+    load, _ = index_loader(settings)  # the query backend the settings choose, as `ask` and `serve` do
+    index = load(settings, params)
     embedder = Embedder.shared(settings.embed_model, backend=settings.embed_backend)
     tokens_before = embedder.stats.tokens
     retriever = Retriever(index, embedder.embed_query, params, embedder.embed_queries)
@@ -316,7 +317,8 @@ def evaluate_index(settings: Settings, questions_path: str | Path, budget: int =
     started = time.perf_counter()
     with single_threaded_torch():
         results = run_questions(EngineSearcher(retriever, engine), questions, methods, ks, budget, progress)
-    doc_keys = {document_key(p) for p in index.chunks["source_path"].unique().to_list()}
+    doc_keys = {document_key(p) for p in VectorStore(settings.lance_uri).scan(CHUNK_TABLE, ["source_path"])
+                ["source_path"].unique().to_list()}
     missing = unmatched_evidence(questions, doc_keys)
     data = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -378,6 +378,9 @@ def _bridging_nodes(graph: StatementGraph, frontier: list[int], found: dict[int,
                     used_topics: set[int], used_links: set[int], params: RetrievalParams):
     """The frontier's bridging nodes not yet expanded, each as strong as its best parent (links scaled by idf),
     strongest first."""
+    graph.prefetch(statements=frontier)  # one read for the frontier, one for its link nodes (on LanceDB)
+    if params.statement_link_weight > 0:
+        graph.prefetch(links=[n for s in frontier for n in graph.links_of(s).tolist() if n not in used_links])
     candidates: dict[tuple[str, int], float] = {}
     for s in frontier:
         score = found[s].score
@@ -396,6 +399,8 @@ def _bridging_nodes(graph: StatementGraph, frontier: list[int], found: dict[int,
 def _reached_statements(graph: StatementGraph, query_vector: np.ndarray, chosen, found: dict[int, TraversedStatement],
                         used_topics: set[int], used_links: set[int], params: RetrievalParams) -> dict[int, tuple[float, str]]:
     """The statements the chosen nodes lead to, not found yet, each with its best score and the node."""
+    graph.prefetch(topics=[node for (kind, node), _ in chosen if kind == "topic"],
+                   links=[node for (kind, node), _ in chosen if kind == "link"])
     expanded = []
     for (kind, node), strength in chosen:
         if kind == "topic":

@@ -158,6 +158,15 @@ class LanceStatements:
             return np.zeros(0, dtype=np.float32)
         return _vectors_of(self._rows.get(rows.tolist()), rows) @ query_vector.astype(np.float32)
 
+    def prefetch(self, statements=(), topics=(), links=()) -> None:
+        """Rows about to be read one by one, read together (one query per table)."""
+        if len(statements):
+            self._rows.get([int(r) for r in statements])
+        if len(topics):
+            self._topics.get([int(t) for t in topics])
+        if len(links):
+            self._links.get([int(n) for n in links])
+
     def _record(self, row: int) -> dict:
         return self._rows.get([int(row)])[int(row)]
 

@@ -208,6 +208,9 @@ class StatementGraph:
     def similarity(self, query_vector: np.ndarray, rows: np.ndarray) -> np.ndarray:
         return self.unit_vectors[rows] @ query_vector.astype(np.float32)
 
+    def prefetch(self, statements=(), topics=(), links=()) -> None:
+        """Rows about to be read one by one: all are in memory already."""
+
     def topic_of(self, row: int) -> int:
         return int(self.topic[row])
 
