@@ -87,8 +87,8 @@ class Corpus:
         mix = np.where(self.rng.random((len(topics), CHUNK_WORDS)) < TOPIC_SHARE, own, general)
         return [" ".join(self.words[row]) for row in mix]
 
-    def batch(self, start: int, stop: int) -> tuple[pa.Table, pl.DataFrame]:
-        """Chunk rows start..stop as the chunk table's Arrow schema, and their keyword links."""
+    def batch(self, start: int, stop: int) -> tuple[pa.Table, pl.DataFrame, np.ndarray]:
+        """Chunk rows start..stop as the chunk table's Arrow schema, their keyword links and their topics."""
         topics = self.rng.choice(self.topics, size=stop - start, p=self.topic_p)
         texts, vectors = self.texts(topics), self.vectors(topics)
         rows = np.arange(start, stop)
@@ -115,7 +115,7 @@ class Corpus:
             held = set(texts[i].split())
             links.extend((k, ids[i]) for k in self.topic_keywords[t] if k in held)
         links = pl.DataFrame(links, schema={"keyword": pl.String, "chunk_id": pl.String}, orient="row")
-        return table, links
+        return table, links, topics
 
     @property
     def topic_keywords(self) -> list[list[str]]:
@@ -144,7 +144,7 @@ def index_dir(home: Path) -> Path:
 
 
 def bench_home(n: int) -> Path:
-    return CACHE / f"query-scale-{n}"
+    return CACHE / f"query-scale-{n}-g1"  # g1: with the synthetic lexical graph
 
 
 def build(n: int, home: Path) -> dict:
@@ -154,14 +154,17 @@ def build(n: int, home: Path) -> dict:
     store = VectorStore(Settings(home=partial).lance_uri)
     corpus = Corpus(n)
     started = time.perf_counter()
-    link_frames = []
+    link_frames, topics, chunk_ids, doc_ids = [], [], [], []
     table = None
     for start in range(0, n, BATCH):
-        rows, links = corpus.batch(start, min(n, start + BATCH))
+        rows, links, batch_topics = corpus.batch(start, min(n, start + BATCH))
         table = store.db.create_table(CHUNKS, data=rows) if table is None else table
         if start:
             table.add(rows)
         link_frames.append(links)
+        topics.append(batch_topics)
+        chunk_ids += rows.column("chunk_id").to_pylist()
+        doc_ids += rows.column("doc_id").to_pylist()
         print(f"  rows {min(n, start + BATCH)}/{n} ({time.perf_counter() - started:.0f} s)", flush=True)
     docs = (n + DOC_CHUNKS - 1) // DOC_CHUNKS
     names = [f"synthetic-{d:07d}" for d in range(docs)]
@@ -175,10 +178,31 @@ def build(n: int, home: Path) -> dict:
     written = time.perf_counter() - started
     report = li.refresh(store, Settings(home=partial).index_dir / "corpus", pl.concat(link_frames))
     report["write_seconds"] = round(written, 1)
+    report["graph"] = build_graph(corpus, np.concatenate(topics), chunk_ids, doc_ids, partial)
     (partial / "synthetic.json").write_text(json.dumps({"chunks": n, "topics": corpus.topics, **report}, indent=1))
     shutil.rmtree(home, ignore_errors=True)
     partial.rename(home)
     return report
+
+
+def build_graph(corpus: Corpus, topics: np.ndarray, chunk_ids: list[str], doc_ids: list[str], home: Path) -> dict:
+    """The synthetic lexical graph (benchmarks.synthetic_graph) written by the product's graph tables writer, as
+    the graph_tables corpus step writes it; seconds to generate and to write, rows per table."""
+    from lexgraph.indexing.corpus_state import CorpusFiles
+    from lexgraph.query.lance_graph_tables import record_tables, write_graph_tables
+    from synthetic_graph import lexical_graph
+
+    started = time.perf_counter()
+    graph, types = lexical_graph(corpus, topics, DOC_CHUNKS)
+    generated = time.perf_counter() - started
+    settings = Settings(home=home)
+    store = VectorStore(settings.lance_uri)
+    counts = write_graph_tables(store, graph, chunk_ids, doc_ids, entity_types=types)
+    record_tables(CorpusFiles(settings.index_dir), graph, counts, "synthetic", None)
+    written = time.perf_counter() - started - generated
+    print(f"  lexical graph: generated in {generated:.0f} s, tables written in {written:.0f} s: {counts}", flush=True)
+    return {"generate_seconds": round(generated, 1), "write_seconds": round(written, 1), "rows": counts,
+            "bridge_pair_share": round(graph.bridge_pair_share, 4)}
 
 
 def indexed_copy(home: Path) -> Path:
@@ -227,7 +251,21 @@ def questions(corpus: Corpus, count: int, seed: int = 11) -> list[str]:
     return out
 
 
-def serve_figures(home: Path, asked: list[str], env_extra: dict, clients: int, seconds: float) -> dict:
+def route_latencies(client: Client, asked: list[str], route: str) -> tuple[list[float], int, list[str]]:
+    """One client over `asked` on one route: latencies of the answered questions, errors, the routes taken."""
+    latencies, failed, taken = [], 0, []
+    for question in asked:
+        status, body, latency = client.ask(question, route)
+        if status == 200:
+            latencies.append(latency)
+            taken.append((body or {}).get("route", "?"))
+        else:
+            failed += 1
+    return latencies, failed, taken
+
+
+def serve_figures(home: Path, asked: list[str], env_extra: dict, clients: int, seconds: float,
+                  route_questions: int = 60) -> dict:
     """Start `lexgraph serve` on a scratch home whose collection links to the index; time the first answer,
     read the server's memory, then one client over `asked` and `clients` clients for `seconds`."""
     scratch = Path(tempfile.mkdtemp(prefix="lexgraph-query-scale-"))
@@ -258,6 +296,10 @@ def serve_figures(home: Path, asked: list[str], env_extra: dict, clients: int, s
             else:
                 failed += 1
         figures.update(sequential=latencies, sequential_errors=failed, sequential_compound=compound)
+        for route in ("graph", "agentic"):  # the same questions on the graph routes, one client
+            for question in asked[1:4]:
+                client.ask(question, route)  # warm-up: the graph tables' first reads
+            figures[route] = route_latencies(client, asked[6:6 + route_questions], route)
         figures.update(concurrent(port, asked, clients, seconds))
         figures["rss_after_load_mb"], figures["hwm_after_load_mb"] = rss_mb(server.pid)
     finally:
@@ -316,6 +358,7 @@ def main() -> None:
                         "built in the copy) instead of the synthetic one, e.g. .lexgraph/bench/lihuaworld-aac215cda60d/index")
     parser.add_argument("--backend", default="auto", choices=("auto", "memory", "lance"))
     parser.add_argument("--questions", type=int, default=220, help="sequential questions (≥ 200 are timed)")
+    parser.add_argument("--route-questions", type=int, default=60, help="questions timed on the graph and agentic routes")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--recall-samples", type=int, default=50)
@@ -336,8 +379,17 @@ def main() -> None:
               f"{ratio['median_ms']['lance']:.1f} ms (lance/memory {ratio['ratio']:.2f}, same process, 3 passes "
               f"over 60 questions, embedding excluded)")
         return
-    figures = serve_figures(home, asked, {"LEXGRAPH_QUERY_BACKEND": args.backend}, args.clients, args.seconds)
+    figures = serve_figures(home, asked, {"LEXGRAPH_QUERY_BACKEND": args.backend}, args.clients, args.seconds,
+                            args.route_questions)
     backend = figures["health"]["query_backend"]
+    chunks = figures["health"]["chunks"]
+    for route, (latencies, failed, taken) in (("semantic", (figures["sequential"], figures["sequential_errors"], [])),
+                                              ("graph", figures["graph"]), ("agentic", figures["agentic"])):
+        fell_back = sum(t != route for t in taken)
+        print(f"query-scale chunks={chunks} backend={backend['backend']} route={route} "
+              f"p50_ms={1000 * percentile(latencies, 50):.0f} p95_ms={1000 * percentile(latencies, 95):.0f} "
+              f"first_answer_s={figures['first_answer_s']:.1f} rss_mb={figures['rss_after_load_mb']:.0f}"
+              + (f" errors={failed}" if failed else "") + (f" answered_on_another_route={fell_back}" if fell_back else ""))
     print(f"{label}: chunks {figures['health']['chunks']}, backend {backend['backend']} ({backend['reason']})")
     print(f"{label}: first answer {figures['first_answer_s']:.1f} s after process start")
     print(f"{label}: memory after the first answer VmHWM {figures['hwm_mb']:.0f} MB, VmRSS {figures['rss_mb']:.0f} MB")

@@ -480,3 +480,40 @@ def test_a_graph_route_question_is_answered_while_another_process_holds_the_grap
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_hubs_members_are_read_among_the_questions_nearest_statements(lance_home, tmp_path, monkeypatch, pair):
+    """Past MEMBER_CAP a member list is not stored: a hub node's statements are its members among the question's
+    nearest statements, a hub entity's chunks its mentions among their chunks, exactly those of the full graph."""
+    from lexgraph.query import lance_graph, lance_graph_tables
+    from lexgraph.query.retrieval_types import RetrievalParams
+
+    monkeypatch.setattr(lance_graph_tables, "MEMBER_CAP", 3)
+    monkeypatch.setattr(lance_graph, "FOCUS", 40)
+    home = tmp_path / "hubs"
+    shutil.copytree(lance_home, home)
+    settings = Settings.from_env(home=home, query_backend="lance")
+    index = LexIndex(settings)
+    lance_graph_tables.update_graph_tables(index.corpus_files, index.vectors, index.extract_store, settings)
+    graph, why = lance_graph.load_lance_graph(index.vectors, index.corpus_files, 20)
+    assert graph is not None, why
+    memory = pair[0].index.graph
+    vector = pair[0].embed(QUESTIONS[0])
+    near = set(graph.statements.near(vector).tolist())
+    assert len(near) == 40
+    hub_nodes = [n for n in range(len(memory.statements.link_ids)) if len(memory.statements.link_statements(n)) > 3]
+    assert hub_nodes
+    for node in hub_nodes[:10]:
+        found = set(graph.statements.link_statements(node, vector).tolist())
+        assert found == set(memory.statements.link_statements(node).tolist()) & near
+        assert graph.statements.link_statements(node).tolist() == []  # no question: a hub is not read whole
+    chunk_ids = pair[0].index.chunks["chunk_id"].to_list()
+    near_chunks = set(graph.statements.near_chunk_ids(vector))
+    hubs = [e for e in range(memory.entities.size) if len(memory.entities.chunks_of([e])[0]) > 3]
+    assert hubs
+    for entity, chunks in zip(hubs[:10], graph.entities.chunks_of(hubs[:10], vector)):
+        expected = {chunk_ids[r] for r in memory.entities.chunks_of([entity])[0].tolist()} & near_chunks
+        assert set(chunks.tolist()) == expected
+    retriever = Retriever(load_lance_index(settings), pair[0].embed, RetrievalParams(), pair[0].embed_batch)
+    for method in ("statement", "entity", "path"):
+        assert retriever.search(method, QUESTIONS[0], 5)  # the channels still find evidence through the hubs

@@ -34,6 +34,7 @@ SEARCH_INDEXES = "search_indexes"
 # The lexical graph as LanceDB tables for the lance query backend (lexgraph.query.lance_graph_tables); it follows
 # the lexical graph and the search settings.
 GRAPH_TABLES = "graph_tables"
+GRAPH_TABLES_FORMAT = 2  # the tables' layout: tables of another format are rewritten by the next corpus run
 # Steps nothing else reads: when only they are out of step, they run alone (not the whole corpus job).
 SOLO_STEPS = (SEARCH_INDEXES, LEXICAL_GRAPH, GRAPH_TABLES)
 LEXICAL_TABLES = (STATEMENTS, TOPICS, FACTS, ENTITIES, RELATIONS)
@@ -169,7 +170,8 @@ class CorpusFiles:
     def _graph_tables_behind(self) -> bool:
         """The graph tables were written (the lance backend's) from a lexical graph built before the last one."""
         state = read_json(self.graph_tables)
-        return bool(state) and state.get("lexical_inputs") != self.recorded_lexical_inputs()
+        return bool(state) and (state.get("format") != GRAPH_TABLES_FORMAT
+                                or state.get("lexical_inputs") != self.recorded_lexical_inputs())
 
     def write(self, path: Path, frame: pl.DataFrame) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -293,7 +293,7 @@ def entity_scores(index: RetrievalIndex, query: str, query_vector: np.ndarray, p
     weights = entity_weights(graph, query, query_vector, params)
     rows = sorted(weights)
     mass = np.array([weights[r] for r in rows]) * graph.idf_of(rows)
-    refs = graph.chunks_of(rows)
+    refs = graph.chunks_of(rows, query_vector)
     if not any(len(r) for r in refs):
         return np.full(index.size, -np.inf)
     evidence = np.concatenate([np.full(len(r), m) for r, m in zip(refs, mass)])
@@ -405,10 +405,11 @@ def _reached_statements(graph: StatementGraph, query_vector: np.ndarray, chosen,
     for (kind, node), strength in chosen:
         if kind == "topic":
             used_topics.add(node)
-            expanded.append((graph.topic_statements(node), strength, params.statement_topic_weight, f"topic:{node}"))
+            expanded.append((graph.topic_statements(node, query_vector), strength, params.statement_topic_weight,
+                             f"topic:{node}"))
         else:
             used_links.add(node)
-            expanded.append((graph.link_statements(node), strength, params.statement_link_weight,
+            expanded.append((graph.link_statements(node, query_vector), strength, params.statement_link_weight,
                              graph.link_name(node)))
     members = sorted({int(t) for rows, *_ in expanded for t in rows.tolist()} - set(found))
     if not members:

@@ -6,6 +6,11 @@ StatementGraph): nearest (the vector table's ANN index, or a flat search below i
 names, relations, mentions, topic and link members. Rows are fetched by number through the tables' BTREE and
 kept in a bounded cache, so a question reads its neighbourhood once and the process holds no graph-sized array.
 Chunk refs are chunk ids here: the lance chunk backend turns them into rows and cosines (LanceBackend.chunk_cosines).
+
+A hub (an entity mentioned in more than MEMBER_CAP chunks, a fact, entity or topic with more than MEMBER_CAP
+statements) is read through the question's FOCUS nearest statements: its members among them, and its chunks
+among theirs (graph_mentions). Below the cap, and so on every graph where no list is that long, the walk is the
+memory graph's exactly; above it, a hub reaches what is near the question instead of everything it touches.
 """
 from __future__ import annotations
 
@@ -14,12 +19,14 @@ from collections import OrderedDict
 
 import numpy as np
 
-from lexgraph.query.lance_graph_tables import (GRAPH_ENTITIES, GRAPH_LINKS, GRAPH_NAMES, GRAPH_STATEMENTS,
-                                               GRAPH_TOPICS, read_state, tables_current)
+from lexgraph.query.lance_graph_tables import (GRAPH_ENTITIES, GRAPH_LINKS, GRAPH_MENTIONS, GRAPH_NAMES,
+                                               GRAPH_STATEMENTS, GRAPH_TOPICS, read_state, tables_current)
 from lexgraph.query.retrieval_types import LexicalGraph
 from lexgraph.storage.vector_store import VectorStore, _in_list
 
-CACHE_ROWS = 50_000  # rows of each table kept between questions
+CACHE_ROWS = 20_000  # rows of each table kept between questions
+FOCUS = 1_000  # nearest statements a hub's members are read among
+FOCUS_CACHE = 64  # questions whose nearest statements are kept
 _IN_BATCH = 2_000  # ids in one IN (...) filter
 
 
@@ -40,7 +47,13 @@ class _RowCache:
         for start in range(0, len(missing), _IN_BATCH):
             part = missing[start:start + _IN_BATCH]
             found = self.table.search().where(_in(self.key, part)).select(self.columns).limit(len(part)).to_arrow()
-            for record in found.to_pylist():
+            vectors = None
+            if "vector" in self.columns and found.num_rows:  # as one float32 array, not lists of Python floats
+                vectors = found.column("vector").combine_chunks().values.to_numpy().reshape(found.num_rows, -1)
+                found = found.drop_columns(["vector"])
+            for i, record in enumerate(found.to_pylist()):
+                if vectors is not None:
+                    record["vector"] = vectors[i]
                 fetched[record[self.key]] = record
         with self._lock:
             self._cache.update(fetched)
@@ -69,7 +82,7 @@ def _nearest(table, query_vector: np.ndarray, k: int, nprobes: int) -> tuple[np.
 
 
 def _vectors_of(records: dict, rows: np.ndarray) -> np.ndarray:
-    return np.array([records[int(r)]["vector"] for r in rows.tolist()], dtype=np.float32)
+    return np.stack([records[int(r)]["vector"] for r in rows.tolist()]).astype(np.float32, copy=False)
 
 
 class LanceEntities:
@@ -84,7 +97,9 @@ class LanceEntities:
         self.has_mentions = bool(state.get("entity_mentions"))
         self.has_relations = bool(state.get("entity_relations"))
         self._rows = _RowCache(self.table, "row", ["row", "entity_id", "name", "entity_type", "idf", "vector",
-                                                   "chunk_ids", "neighbours", "shares"])
+                                                   "chunk_ids", "chunk_count", "neighbours", "shares"])
+        self.mentions = store.db.open_table(GRAPH_MENTIONS) if GRAPH_MENTIONS in store.table_names() else None
+        self.statements: LanceStatements | None = None  # what a hub entity's chunks are read among
         self._keys = {kind: _RowCache(self.names, "key", ["key", "row", "kind"]) for kind in ("name", "part")}
 
     def nearest(self, query_vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -115,9 +130,20 @@ class LanceEntities:
         return {r: (np.asarray(records[r]["neighbours"] or [], dtype=np.int64),
                     np.asarray(records[r]["shares"] or [], dtype=np.float64)) for r in rows if r in records}
 
-    def chunks_of(self, rows: list[int]) -> list[np.ndarray]:
+    def chunks_of(self, rows: list[int], query_vector: np.ndarray | None = None) -> list[np.ndarray]:
+        """The chunk ids each entity is mentioned in; a hub's, among the chunks of the question's nearest
+        statements (none without a question vector)."""
         records = self._rows.get(rows)
-        return [np.asarray(records[r]["chunk_ids"] if r in records else [], dtype=object) for r in rows]
+        out = {r: list(records[r]["chunk_ids"] or []) if r in records else [] for r in rows}
+        hubs = [r for r in rows if r in records and records[r]["chunk_count"] > len(out[r])]
+        if hubs and query_vector is not None and self.statements is not None and self.mentions is not None:
+            near = self.statements.near_chunk_ids(query_vector)
+            if near:
+                found = self.mentions.search().where(f"{_in('entity_row', hubs)} AND {_in('chunk_id', near)}") \
+                    .select(["entity_row", "chunk_id"]).limit(None).to_arrow()
+                for entity, chunk in zip(found.column("entity_row").to_pylist(), found.column("chunk_id").to_pylist()):
+                    out[int(entity)].append(chunk)
+        return [np.asarray(out[r], dtype=object) for r in rows]
 
     def idf_of(self, rows) -> np.ndarray:
         rows = [int(r) for r in rows]
@@ -146,8 +172,12 @@ class LanceStatements:
         self.nprobes = nprobes
         self._rows = _RowCache(self.table, "row", ["row", "statement_id", "text", "topic", "topic_row", "chunk_id",
                                                    "doc_id", "vector", "links"])
-        self._topics = _RowCache(store.db.open_table(GRAPH_TOPICS), "topic_row", ["topic_row", "members"])
-        self._links = _RowCache(store.db.open_table(GRAPH_LINKS), "node", ["node", "node_id", "idf", "members"])
+        self._topics = _RowCache(store.db.open_table(GRAPH_TOPICS), "topic_row", ["topic_row", "members",
+                                                                                   "member_count"])
+        self._links = _RowCache(store.db.open_table(GRAPH_LINKS), "node", ["node", "node_id", "idf", "members",
+                                                                           "member_count"])
+        self._focus: OrderedDict[bytes, np.ndarray] = OrderedDict()
+        self._focus_lock = threading.Lock()
 
     def nearest(self, query_vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         return _nearest(self.table, query_vector, k, self.nprobes)
@@ -182,13 +212,46 @@ class LanceStatements:
     def link_name(self, node: int) -> str:
         return self._links.get([int(node)])[int(node)]["node_id"]
 
-    def topic_statements(self, topic: int) -> np.ndarray:
-        record = self._topics.get([int(topic)]).get(int(topic))
-        return np.asarray(record["members"] if record else [], dtype=np.int64)
+    def near(self, query_vector: np.ndarray) -> np.ndarray:
+        """The question's FOCUS nearest statements (their rows read too), kept for the question's other calls."""
+        key = query_vector.astype(np.float32).tobytes()
+        with self._focus_lock:
+            if key in self._focus:
+                self._focus.move_to_end(key)
+                return self._focus[key]
+        rows, _ = self.nearest(query_vector, min(FOCUS, self.size))
+        self._rows.get(rows.tolist())
+        with self._focus_lock:
+            self._focus[key] = rows
+            while len(self._focus) > FOCUS_CACHE:
+                self._focus.popitem(last=False)
+        return rows
 
-    def link_statements(self, node: int) -> np.ndarray:
-        record = self._links.get([int(node)]).get(int(node))
-        return np.asarray(record["members"] if record else [], dtype=np.int64)
+    def near_chunk_ids(self, query_vector: np.ndarray) -> list[str]:
+        rows = self.near(query_vector)
+        records = self._rows.get(rows.tolist())
+        return list(dict.fromkeys(records[r]["chunk_id"] for r in rows.tolist() if r in records))
+
+    def _members(self, record: dict | None, query_vector, holds) -> np.ndarray:
+        if not record:
+            return np.zeros(0, dtype=np.int64)
+        if record["member_count"] <= len(record["members"] or []):
+            return np.asarray(record["members"], dtype=np.int64)
+        if query_vector is None:  # a hub, and no question to read it by
+            return np.zeros(0, dtype=np.int64)
+        near = self.near(query_vector)
+        records = self._rows.get(near.tolist())
+        return np.array([r for r in near.tolist() if r in records and holds(records[r])], dtype=np.int64)
+
+    def topic_statements(self, topic: int, query_vector: np.ndarray | None = None) -> np.ndarray:
+        """A topic's statements; a hub topic's among the question's nearest."""
+        return self._members(self._topics.get([int(topic)]).get(int(topic)), query_vector,
+                             lambda record: record["topic_row"] == topic)
+
+    def link_statements(self, node: int, query_vector: np.ndarray | None = None) -> np.ndarray:
+        """A bridging node's statements; a hub node's among the question's nearest."""
+        return self._members(self._links.get([int(node)]).get(int(node)), query_vector,
+                             lambda record: node in (record["links"] or []))
 
     def chunk_refs(self, rows: np.ndarray) -> np.ndarray:
         records = self._rows.get([int(r) for r in rows])
@@ -220,4 +283,6 @@ def load_lance_graph(store: VectorStore, files, nprobes: int) -> tuple[LexicalGr
     entities = LanceEntities(store, state, nprobes) if {GRAPH_ENTITIES, GRAPH_NAMES} <= names else None
     statements = LanceStatements(store, nprobes) \
         if {GRAPH_STATEMENTS, GRAPH_TOPICS, GRAPH_LINKS} <= names else None
+    if entities is not None:
+        entities.statements = statements
     return LexicalGraph(statements, entities, float(state.get("bridge_pair_share", 1.0))), ""

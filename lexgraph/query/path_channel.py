@@ -338,9 +338,10 @@ def _grow(relations: dict[int, tuple[np.ndarray, np.ndarray]], frontier, hop: in
     return grown
 
 
-def path_evidence(graph: EntityGraph, paths: list[EntityPath], params: RetrievalParams) -> tuple[np.ndarray, np.ndarray]:
+def path_evidence(graph: EntityGraph, paths: list[EntityPath], params: RetrievalParams,
+                  query_vector: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per chunk (refs, evidence): the best path's share + path_sum_weight × the others' (chunks no path entity
-    is mentioned in are left out)."""
+    is mentioned in are left out). query_vector: what a store-backed graph bounds a hub entity's chunks by."""
     empty = (np.zeros(0, dtype=np.int64), np.zeros(0))
     if not paths:
         return empty
@@ -359,7 +360,7 @@ def path_evidence(graph: EntityGraph, paths: list[EntityPath], params: Retrieval
         weighted.append({node: role / sum(roles.values()) for node, role in roles.items() if role > 0})
     nodes = sorted({node for roles in weighted for node in roles})
     idf_share = dict(zip(nodes, (graph.idf_of(nodes) / idf_max).tolist()))
-    mentioned = dict(zip(nodes, graph.chunks_of(nodes)))
+    mentioned = dict(zip(nodes, graph.chunks_of(nodes, query_vector)))
     path_rows, refs, values = [], [], []
     for p, (path, roles) in enumerate(zip(paths, weighted)):
         for node, share in roles.items():
@@ -382,5 +383,5 @@ def path_scores(index: RetrievalIndex, query: str, query_vector: np.ndarray, par
     graph = index.graph.entities if index.graph is not None else None
     if graph is None or graph.size == 0 or not graph.has_mentions:
         return np.full(index.size, -np.inf)
-    refs, evidence = path_evidence(graph, find_paths(index, graph, query, query_vector, params), params)
+    refs, evidence = path_evidence(graph, find_paths(index, graph, query, query_vector, params), params, query_vector)
     return rerank_refs(index, query_vector, refs, evidence, params.path_evidence_weight)

@@ -223,10 +223,10 @@ class StatementGraph:
     def link_name(self, node: int) -> str:
         return self.link_ids[node]
 
-    def topic_statements(self, topic: int) -> np.ndarray:
+    def topic_statements(self, topic: int, query_vector=None) -> np.ndarray:
         return self.topic_members.indices[self.topic_members.indptr[topic]:self.topic_members.indptr[topic + 1]]
 
-    def link_statements(self, node: int) -> np.ndarray:
+    def link_statements(self, node: int, query_vector=None) -> np.ndarray:
         return self.link_members.indices[self.link_members.indptr[node]:self.link_members.indptr[node + 1]]
 
     def chunk_refs(self, rows: np.ndarray) -> np.ndarray:
@@ -295,8 +295,9 @@ class EntityGraph:
             out[row] = (self.relations.indices[lo:hi], self.relations.data[lo:hi])
         return out
 
-    def chunks_of(self, rows: list[int]) -> list[np.ndarray]:
-        """The chunks (refs) each row is mentioned in."""
+    def chunks_of(self, rows: list[int], query_vector=None) -> list[np.ndarray]:
+        """The chunks (refs) each row is mentioned in (all of them: the query vector bounds only a store-backed
+        graph's hubs)."""
         return [self.mentions.indices[self.mentions.indptr[r]:self.mentions.indptr[r + 1]] for r in rows]
 
     def idf_of(self, rows) -> np.ndarray:
