@@ -6,8 +6,8 @@ What is synthetic, besides the chunks themselves:
   hubs are mentioned in a large share of the corpus, as a speaker or a company name is in real corpora;
 - relations: the entities a chunk mentions are related (strength 0.9), shares of each entity's strength;
 - statements: three per chunk, vectors near the chunk's topic; two topics per document (its halves);
-- facts: one per statement, drawn Zipf(1.5) from n/2 facts, so frequent ones cross documents; a statement's
-  bridging nodes are its fact and one entity of its chunk.
+- facts: one per statement, nine in ten its own and one in ten from a pool of n/20 shared facts (about six
+  statements each, across documents); a statement's bridging nodes are its fact and one entity of its chunk.
 
 The graph is built as the memory graph's arrays (retrieval_types.EntityGraph / StatementGraph) and written by the
 product's own writer, lexgraph.query.lance_graph_tables.write_graph_tables, which the graph_tables corpus step
@@ -84,10 +84,13 @@ def statements(corpus, chunk_topics: np.ndarray, doc_chunks: int, mentioned: np.
     topic = np.unique(topic, return_inverse=True)[1].astype(np.int64)
     vectors = _unit(corpus.centroids[chunk_topics[chunk_rows]]
                     + rng.normal(scale=1.2 / np.sqrt(corpus.centroids.shape[1]), size=(count, corpus.centroids.shape[1])))
-    facts = np.minimum(rng.zipf(1.5, size=count) - 1, max(n // 2, 1) - 1)
+    # nine in ten facts are the statement's own; one in ten comes from a pool of n/20 shared facts (about six
+    # statements each, across documents)
+    shared = max(n // 20, 1)
+    facts = np.where(rng.random(count) < 0.1, rng.integers(0, shared, size=count), shared + np.arange(count))
     entity = mentioned[chunk_rows, np.arange(count) % 3]
     # bridging nodes: facts first (node = fact), then entities (node = n_facts + entity row)
-    n_facts = max(n // 2, 1)
+    n_facts = shared + count
     link_rows = np.concatenate([np.arange(count), np.arange(count)])
     link_cols = np.concatenate([facts, n_facts + entity])
     used, link_cols = np.unique(link_cols, return_inverse=True)

@@ -320,6 +320,11 @@ def rerank_refs(index: RetrievalIndex, query_vector: np.ndarray, refs: np.ndarra
     keep = total > 0
     if not keep.any():
         return scores
+    limit = index.backend.evidence_limit
+    if limit is not None and keep.sum() > limit:  # the most evidence first (ties by ref), as many as the backend reads
+        order = np.lexsort((unique, -total))[:limit]
+        keep = np.zeros(len(unique), dtype=bool)
+        keep[order] = True
     rows, cosine = index.backend.chunk_cosines(index, query_vector, unique[keep])
     total = total[keep]
     found = rows >= 0  # a ref the chunk table no longer holds (the index moved on) is left out

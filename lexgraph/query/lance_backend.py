@@ -63,6 +63,7 @@ class LanceParams:
     batched: bool = True  # the hybrid's clauses in batched queries (False: one retrieval per clause, as before)
     term_sample: int = 5000  # chunk texts the answerer's idf is estimated from
     keyword_candidates: int = 100  # chunks with the most keyword evidence re-scored by cosine
+    evidence_candidates: int = 500  # the graph channels' chunks with the most evidence re-scored by cosine
     row_cache: int = 20_000  # fetched chunk rows kept
 
 
@@ -365,6 +366,12 @@ class LanceBackend:
         rows, values = self.search.hybrid(texts, embed_many, params, parts)
         index.chunks.fetch(rows[:PREFETCH_ROWS])  # what the context reads first: one take
         return spread(index.size, rows, values)
+
+    @property
+    def evidence_limit(self) -> int:
+        """The entity and path channels re-score only this many chunks, those with the most evidence: each is a
+        vector read here (the keyword channel's rule, keyword_candidates)."""
+        return self.search.params.evidence_candidates
 
     def chunk_cosines(self, index, query_vector: np.ndarray, refs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Rows and query cosines of the chunks these ids name (the lance graph's refs): one read of their vectors

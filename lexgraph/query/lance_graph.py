@@ -38,6 +38,12 @@ class _RowCache:
         self._cache: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
 
+    def one(self, key):
+        """The record of one key (None when the table has none); no copy of a list for a cached one."""
+        with self._lock:
+            record = self._cache.get(key)
+        return record if record is not None else self.get([key]).get(key)
+
     def get(self, keys) -> dict:
         """key -> record (a dict of the columns) for the keys the table holds."""
         keys = list(dict.fromkeys(keys))
@@ -198,7 +204,7 @@ class LanceStatements:
             self._links.get([int(n) for n in links])
 
     def _record(self, row: int) -> dict:
-        return self._rows.get([int(row)])[int(row)]
+        return self._rows.one(int(row))
 
     def topic_of(self, row: int) -> int:
         return int(self._record(row)["topic_row"])
@@ -207,10 +213,10 @@ class LanceStatements:
         return np.asarray(self._record(row)["links"] or [], dtype=np.int64)
 
     def link_strength(self, node: int) -> float:
-        return float(self._links.get([int(node)])[int(node)]["idf"])
+        return float(self._links.one(int(node))["idf"])
 
     def link_name(self, node: int) -> str:
-        return self._links.get([int(node)])[int(node)]["node_id"]
+        return self._links.one(int(node))["node_id"]
 
     def near(self, query_vector: np.ndarray) -> np.ndarray:
         """The question's FOCUS nearest statements (their rows read too), kept for the question's other calls."""

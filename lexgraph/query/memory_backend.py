@@ -16,6 +16,7 @@ from lexgraph.query.retrieval_types import RetrievalIndex, RetrievalParams
 
 class MemoryBackend:
     name = "memory"
+    evidence_limit = None  # every chunk with evidence is re-scored: its vector is at hand
 
     def dense(self, index: RetrievalIndex, query_vector: np.ndarray) -> np.ndarray:
         """Cosine of the query with every chunk (vectors are L2-normalised)."""

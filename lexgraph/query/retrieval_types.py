@@ -123,6 +123,7 @@ class ChunkBackend(Protocol):
     """The chunk channels as a backend answers them; each returns a score per chunk row, -inf where none."""
 
     name: str
+    evidence_limit: int | None  # graph-channel chunks re-scored by cosine at most, those with the most evidence
 
     def dense(self, index: "RetrievalIndex", query_vector: np.ndarray) -> np.ndarray: ...
 
