@@ -8,7 +8,7 @@ Groups (Dagster group names are identifiers):
     extraction    one partition per document, the LLM side: chunk_extractions → document_statements →
                   document_topics / document_facts / document_entities
     corpus        unpartitioned, corpus-wide: chunk_knn_graph → chunk_pagerank → skeleton_selection → search_indexes,
-                  keyword_index, and lexical_graph (the graph load of every document's extractions)
+                  keyword_index, lexical_graph (the graph load of every document's extractions) → graph_tables
     quality       what measures the index: retrieval_benchmark, query_log. Asset checks have no group of
                   their own in Dagster: each shows on its asset's Checks tab.
 
