@@ -37,7 +37,7 @@ def search_indexes(context: dg.AssetExecutionContext, index: IndexResource,
 
 
 @dg.asset(
-    kinds={"python", "lancedb"}, **spec_kwargs("graph_tables", CORPUS), deps=[lexical_graph, search_indexes],
+    kinds={"python", "parquet", "lancedb"}, **spec_kwargs("graph_tables", CORPUS), deps=[lexical_graph, search_indexes],
     pool=GRAPH_WRITER_POOL,
     description="The lexical graph as LanceDB tables for the lance query backend (from LEXGRAPH_LANCE_THRESHOLD "
     "chunks on, or always with LEXGRAPH_QUERY_BACKEND=lance): entities with their vectors, names, mentions and "

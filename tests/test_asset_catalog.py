@@ -82,7 +82,7 @@ def test_every_asset_has_a_description_owners_kinds_and_one_of_four_groups():
         "extraction": {"chunk_extractions", "document_statements", "document_topics", "document_facts",
                        "document_entities"},
         "corpus": {"chunk_knn_graph", "chunk_pagerank", "skeleton_selection", "keyword_index", "lexical_graph",
-                   "search_indexes", "lance_compaction"},
+                   "search_indexes", "graph_tables", "lance_compaction"},
         "quality": {"retrieval_benchmark", "query_log"},
     }
     # every asset that writes a table shows its columns; those that write none (files, a report, a log) do not

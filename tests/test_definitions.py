@@ -10,7 +10,7 @@ LEXICAL = {"chunk_extractions", "document_statements", "document_topics", "docum
 PER_DOCUMENT = {"inbox", "source_document", "document_chunks", "chunk_vectors", "document_graph",
                 "document_keywords"} | LEXICAL
 CORPUS = {"chunk_knn_graph", "chunk_pagerank", "skeleton_selection", "keyword_index", "lexical_graph", "search_indexes",
-          "lance_compaction"}
+          "graph_tables", "lance_compaction"}
 # What each asset reads or writes, besides running Python.
 KINDS = {
     "inbox": {"filesystem"},
@@ -24,6 +24,7 @@ KINDS = {
     "skeleton_selection": {"python", "parquet", "kuzu", "lancedb"},
     "keyword_index": {"python", "parquet", "kuzu", "lancedb"},
     "search_indexes": {"python", "lancedb"},
+    "graph_tables": {"python", "parquet", "lancedb"},
     "lance_compaction": {"python", "lancedb"},
     "retrieval_benchmark": {"python", "parquet", "lancedb"},
     "query_log": {"python", "json"},
