@@ -27,9 +27,16 @@ ENTITY_SHARE = 5  # one entity per this many chunks
 TYPES = np.array(["person", "organization", "location", "product", "event"], dtype=object)
 
 
-def _unit(matrix: np.ndarray) -> np.ndarray:
-    matrix = matrix.astype(np.float32)
-    return matrix / np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
+def _near(centroids: np.ndarray, which: np.ndarray, noise: float, rng: np.random.Generator,
+          block: int = 200_000) -> np.ndarray:
+    """Unit vectors near the given centroids, float32, made a block at a time (3M × 384 doubles would be 9 GB)."""
+    dim = centroids.shape[1]
+    out = np.empty((len(which), dim), dtype=np.float32)
+    for start in range(0, len(which), block):
+        part = centroids[which[start:start + block]] + rng.standard_normal(
+            (min(block, len(which) - start), dim), dtype=np.float32) * np.float32(noise / np.sqrt(dim))
+        out[start:start + block] = part / np.maximum(np.linalg.norm(part, axis=1, keepdims=True), 1e-12)
+    return out
 
 
 def _row_shares(pairs_a: np.ndarray, pairs_b: np.ndarray, n: int) -> sp.csr_matrix:
@@ -69,8 +76,7 @@ def entities(corpus, chunk_topics: np.ndarray, rng: np.random.Generator) -> tupl
     b = np.concatenate([mentioned[:, 1], mentioned[:, 2], mentioned[:, 2]])
     keep = a != b
     relations = _row_shares(a[keep], b[keep], count)
-    vectors = _unit(corpus.centroids[home] + rng.normal(scale=0.8 / np.sqrt(corpus.centroids.shape[1]),
-                                                        size=(count, corpus.centroids.shape[1])))
+    vectors = _near(corpus.centroids, home, 0.8, rng)
     lookup = {compact_key(name): i for i, name in enumerate(names)}
     return EntityGraph([entity_id(name) for name in names], names, vectors, lookup, mentions, relations, idf), mentioned
 
@@ -82,8 +88,7 @@ def statements(corpus, chunk_topics: np.ndarray, doc_chunks: int, mentioned: np.
     chunk_rows = np.repeat(np.arange(n), STATEMENTS_PER_CHUNK)
     topic = (chunk_rows // doc_chunks) * 2 + ((chunk_rows % doc_chunks) >= doc_chunks // 2)
     topic = np.unique(topic, return_inverse=True)[1].astype(np.int64)
-    vectors = _unit(corpus.centroids[chunk_topics[chunk_rows]]
-                    + rng.normal(scale=1.2 / np.sqrt(corpus.centroids.shape[1]), size=(count, corpus.centroids.shape[1])))
+    vectors = _near(corpus.centroids, chunk_topics[chunk_rows], 1.2, rng)
     # nine in ten facts are the statement's own; one in ten comes from a pool of n/20 shared facts (about six
     # statements each, across documents)
     shared = max(n // 20, 1)

@@ -43,6 +43,7 @@ GRAPH_ENTITIES, GRAPH_NAMES, GRAPH_STATEMENTS = "graph_entities", "graph_entity_
 GRAPH_TOPICS, GRAPH_LINKS, GRAPH_MENTIONS = "graph_topics", "graph_links", "graph_mentions"
 GRAPH_TABLE_NAMES = (GRAPH_ENTITIES, GRAPH_NAMES, GRAPH_STATEMENTS, GRAPH_TOPICS, GRAPH_LINKS, GRAPH_MENTIONS)
 ANN_FROM_ROWS = 20_000  # below: flat (exact) search, a few ms at this size
+BATCH_ROWS = 200_000  # statement rows written at a time
 MEMBER_CAP = 2_000  # longer member lists are left out of their row (read through the question's nearest instead)
 FORMAT = GRAPH_TABLES_FORMAT
 
@@ -101,17 +102,25 @@ def _entity_frames(store: VectorStore, graph, chunk_ids: list[str], types=None) 
             hub_mentions)
 
 
-def _statement_frames(graph, chunk_ids: list[str], doc_ids: list[str]) -> tuple[pl.DataFrame, ...]:
+def _statement_batches(graph, chunk_ids: list[str], doc_ids: list[str]):
+    """The statements table a batch at a time: a million-chunk corpus has millions of statement vectors."""
+    for start in range(0, graph.size, BATCH_ROWS):
+        rows = np.arange(start, min(graph.size, start + BATCH_ROWS))
+        chunk_rows = graph.chunk_rows[rows].tolist()
+        yield _vectors(pl.DataFrame({
+            "row": rows.astype(np.int64), "statement_id": graph.ids[start:rows[-1] + 1],
+            "text": graph.texts[start:rows[-1] + 1], "topic": graph.topics[start:rows[-1] + 1],
+            "topic_row": graph.topic[rows].astype(np.int64), "chunk_id": [chunk_ids[r] for r in chunk_rows],
+            "doc_id": [doc_ids[r] for r in chunk_rows],
+            "links": [_rows_of(graph.links, s).astype(np.int64).tolist() for s in rows.tolist()],
+        }, schema_overrides={"links": pl.List(pl.Int64)}), graph.unit_vectors[rows])
+
+
+def _statement_frames(graph, chunk_ids: list[str], doc_ids: list[str]):
     topics, links = graph.topic_members.tocsr(), graph.link_members.tocsr()
     topic_members, topic_counts = _members(topics)
     link_members, link_counts = _members(links)
-    statements = _vectors(pl.DataFrame({
-        "row": np.arange(graph.size, dtype=np.int64), "statement_id": graph.ids, "text": graph.texts,
-        "topic": graph.topics, "topic_row": graph.topic.astype(np.int64),
-        "chunk_id": [chunk_ids[r] for r in graph.chunk_rows.tolist()],
-        "doc_id": [doc_ids[r] for r in graph.chunk_rows.tolist()],
-        "links": [_rows_of(graph.links, s).astype(np.int64).tolist() for s in range(graph.size)],
-    }, schema_overrides={"links": pl.List(pl.Int64)}), graph.unit_vectors)
+    statements = _statement_batches(graph, chunk_ids, doc_ids)
     topic_frame = pl.DataFrame({"topic_row": np.arange(topics.shape[0], dtype=np.int64), "members": topic_members,
                                 "member_count": topic_counts}, schema_overrides={"members": pl.List(pl.Int64)})
     link_frame = pl.DataFrame({"node": np.arange(links.shape[0], dtype=np.int64), "node_id": graph.link_ids,
@@ -129,14 +138,23 @@ def _plain(kind: pa.DataType) -> pa.DataType:
     return kind
 
 
-def _write(store: VectorStore, name: str, frame: pl.DataFrame, key: str, vectors: bool = False) -> None:
-    data = frame.to_arrow()
-    data = data.cast(pa.schema([pa.field(f.name, _plain(f.type)) for f in data.schema]))
-    table = store.db.create_table(name, data=data, mode="overwrite")
-    if frame.height:
+def _write(store: VectorStore, name: str, frames, key: str, vectors: bool = False) -> int:
+    """Write a table from one frame or an iterable of batches, then its BTREE and (past ANN_FROM_ROWS) its ANN
+    index; its row count."""
+    table, rows = None, 0
+    for frame in [frames] if isinstance(frames, pl.DataFrame) else frames:
+        data = frame.to_arrow()
+        data = data.cast(pa.schema([pa.field(f.name, _plain(f.type)) for f in data.schema]))
+        if table is None:
+            table = store.db.create_table(name, data=data, mode="overwrite")
+        else:
+            table.add(data)
+        rows += frame.height
+    if rows:
         table.create_index(key, config=BTree(), replace=True, name=f"{key}_btree")
-    if vectors and frame.height >= ANN_FROM_ROWS:
-        li.build_ann(table, frame.height, name="vector_ann")
+    if vectors and rows >= ANN_FROM_ROWS:
+        li.build_ann(table, rows, name="vector_ann")
+    return rows
 
 
 def write_graph_tables(store: VectorStore, graph: LexicalGraph, chunk_ids: list[str], doc_ids: list[str],
@@ -154,12 +172,12 @@ def write_graph_tables(store: VectorStore, graph: LexicalGraph, chunk_ids: list[
         _drop(store, (GRAPH_ENTITIES, GRAPH_NAMES, GRAPH_MENTIONS))
     if graph.statements is not None and graph.statements.size:
         statements, topics, links = _statement_frames(graph.statements, chunk_ids, doc_ids)
-        _write(store, GRAPH_STATEMENTS, statements, "row", vectors=True)
+        written = _write(store, GRAPH_STATEMENTS, statements, "row", vectors=True)
         store.db.open_table(GRAPH_STATEMENTS).create_index("chunk_id", config=BTree(), replace=True,
                                                            name="chunk_id_btree")
         _write(store, GRAPH_TOPICS, topics, "topic_row")
         _write(store, GRAPH_LINKS, links, "node")
-        counts.update({GRAPH_STATEMENTS: statements.height, GRAPH_TOPICS: topics.height, GRAPH_LINKS: links.height})
+        counts.update({GRAPH_STATEMENTS: written, GRAPH_TOPICS: topics.height, GRAPH_LINKS: links.height})
     else:
         _drop(store, (GRAPH_STATEMENTS, GRAPH_TOPICS, GRAPH_LINKS))
     return counts
