@@ -91,7 +91,24 @@ def _vectors_of(records: dict, rows: np.ndarray) -> np.ndarray:
     return np.stack([records[int(r)]["vector"] for r in rows.tolist()]).astype(np.float32, copy=False)
 
 
-class LanceEntities:
+class _VectorTable:
+    """Nearest rows (the table's ANN index, or flat below it) and cosines of given rows (their cached vectors)."""
+
+    table: object
+    nprobes: int
+    _rows: _RowCache
+
+    def nearest(self, query_vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        return _nearest(self.table, query_vector, k, self.nprobes)
+
+    def similarity(self, query_vector: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.int64)
+        if not len(rows):
+            return np.zeros(0, dtype=np.float32)
+        return _vectors_of(self._rows.get(rows.tolist()), rows) @ query_vector.astype(np.float32)
+
+
+class LanceEntities(_VectorTable):
     """The entity graph of the entity and path channels, read from graph_entities and graph_entity_names."""
 
     def __init__(self, store: VectorStore, state: dict, nprobes: int):
@@ -107,15 +124,6 @@ class LanceEntities:
         self.mentions = store.db.open_table(GRAPH_MENTIONS) if GRAPH_MENTIONS in store.table_names() else None
         self.statements: LanceStatements | None = None  # what a hub entity's chunks are read among
         self._keys = {kind: _RowCache(self.names, "key", ["key", "row", "kind"]) for kind in ("name", "part")}
-
-    def nearest(self, query_vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        return _nearest(self.table, query_vector, k, self.nprobes)
-
-    def similarity(self, query_vector: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        rows = np.asarray(rows, dtype=np.int64)
-        if not len(rows):
-            return np.zeros(0, dtype=np.float32)
-        return _vectors_of(self._rows.get(rows.tolist()), rows) @ query_vector.astype(np.float32)
 
     def _named(self, keys: list[str], kind: str) -> list[int]:
         if not keys:
@@ -168,7 +176,7 @@ class LanceEntities:
         return [(records[r]["entity_id"], records[r]["name"]) for r in rows if r in records]
 
 
-class LanceStatements:
+class LanceStatements(_VectorTable):
     """The statement graph of the statement channel and the answer layer, read from graph_statements,
     graph_topics and graph_links."""
 
@@ -184,15 +192,6 @@ class LanceStatements:
                                                                            "member_count"])
         self._focus: OrderedDict[bytes, np.ndarray] = OrderedDict()
         self._focus_lock = threading.Lock()
-
-    def nearest(self, query_vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        return _nearest(self.table, query_vector, k, self.nprobes)
-
-    def similarity(self, query_vector: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        rows = np.asarray(rows, dtype=np.int64)
-        if not len(rows):
-            return np.zeros(0, dtype=np.float32)
-        return _vectors_of(self._rows.get(rows.tolist()), rows) @ query_vector.astype(np.float32)
 
     def prefetch(self, statements=(), topics=(), links=()) -> None:
         """Rows about to be read one by one, read together (one query per table)."""

@@ -176,8 +176,23 @@ class RetrievalIndex:
 # the in-memory lexical graph (loaded by graph_channels.load_lexical_graph)
 
 
+class _UnitVectorRows:
+    """Nearest rows and cosines over a graph's unit vectors held in memory."""
+
+    unit_vectors: np.ndarray
+
+    def nearest(self, query_vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The k rows nearest the query (unordered) and their cosines."""
+        similarity = self.unit_vectors @ query_vector.astype(np.float32)
+        rows = np.argpartition(-similarity, k - 1)[:k]
+        return rows, similarity[rows]
+
+    def similarity(self, query_vector: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        return self.unit_vectors[rows] @ query_vector.astype(np.float32)
+
+
 @dataclass
-class StatementGraph:
+class StatementGraph(_UnitVectorRows):
     """Statements with their vectors, chunks and topics, and the fact/entity nodes they share."""
 
     ids: list[str]
@@ -199,15 +214,6 @@ class StatementGraph:
     @property
     def size(self) -> int:
         return len(self.ids)
-
-    def nearest(self, query_vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The k statements nearest the query (unordered) and their cosines."""
-        similarity = self.unit_vectors @ query_vector.astype(np.float32)
-        rows = np.argpartition(-similarity, k - 1)[:k]
-        return rows, similarity[rows]
-
-    def similarity(self, query_vector: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        return self.unit_vectors[rows] @ query_vector.astype(np.float32)
 
     def prefetch(self, statements=(), topics=(), links=()) -> None:
         """Rows about to be read one by one: all are in memory already."""
@@ -245,7 +251,7 @@ class StatementGraph:
 
 
 @dataclass
-class EntityGraph:
+class EntityGraph(_UnitVectorRows):
     """Resolved entities: vectors, verbatim-name keys, the chunks that mention them, their relations."""
 
     ids: list[str]
@@ -274,15 +280,6 @@ class EntityGraph:
     @property
     def idf_max(self) -> float:
         return float(self.idf.max()) if len(self.idf) else 0.0
-
-    def nearest(self, query_vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The k entities nearest the query (unordered) and their cosines."""
-        similarity = self.unit_vectors @ query_vector.astype(np.float32)
-        rows = np.argpartition(-similarity, k - 1)[:k]
-        return rows, similarity[rows]
-
-    def similarity(self, query_vector: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        return self.unit_vectors[rows] @ query_vector.astype(np.float32)
 
     def named(self, keys: list[str]) -> list[int]:
         """The entities these compact name keys name, in the keys' order (unknown keys skipped)."""
