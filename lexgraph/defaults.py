@@ -50,6 +50,9 @@ PII_MASKING = ("off", "on")
 # queries LanceDB's ANN and full-text indexes, `auto` picks lance from LEXGRAPH_LANCE_THRESHOLD chunks on (the
 # ingestion's search_indexes asset builds those indexes from there).
 QUERY_BACKENDS = ("auto", "memory", "lance")
+# The embedded graph database: Kùzu (the design's, its last release 0.11.3) or LadybugDB, its maintained fork
+# (`ladybug` on PyPI, same API); docs/SCALING.md, "The graph store".
+GRAPH_BACKENDS = ("kuzu", "ladybug")
 DEFAULT_LANCE_THRESHOLD = 20_000
 # torch intra-op threads in `lexgraph serve`. Requests already run in parallel (one thread each); a second
 # intra-op thread per request only waits for a core, which on the 2-core machine made answers ~5x

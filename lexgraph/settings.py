@@ -17,7 +17,7 @@ from lexgraph.defaults import (DEFAULT_BETA, DEFAULT_CHUNK_TOKENS, DEFAULT_EMBED
                                DEFAULT_LLM_BREAKER_FAILURES, DEFAULT_LLM_MAX_RETRIES, DEFAULT_LLM_MODE,
                                DEFAULT_LLM_MODEL, DEFAULT_LLM_TIMEOUT, DEFAULT_LLM_VALIDATION_RETRIES,
                                DEFAULT_QUESTIONS, DEFAULT_SERVE_TORCH_THREADS, EMBED_BACKENDS, KNN_MODES, LLM_MODES,
-                               PII_MASKING, QUERY_BACKENDS, TORCH)
+                               PII_MASKING, QUERY_BACKENDS, TORCH, GRAPH_BACKENDS)
 from lexgraph.embedding_model import model_input_limit
 from lexgraph.ids import short_hash
 
@@ -108,6 +108,7 @@ class Settings:
     # The query router's own labelled questions (JSON lists of {question, route}), beside the shipped ones.
     router_exemplars: tuple[Path, ...] = _variable("LEXGRAPH_ROUTER_EXEMPLARS", (), _paths)
     query_backend: str = _variable("LEXGRAPH_QUERY_BACKEND", "auto", str.lower)
+    graph_backend: str = _variable("LEXGRAPH_GRAPH_BACKEND", "kuzu", str.lower)
     lance_threshold: int = _variable("LEXGRAPH_LANCE_THRESHOLD", DEFAULT_LANCE_THRESHOLD)
     # The LLM client's patience (lexgraph.extract.llm_client): transport retries with backoff, re-asks after a
     # malformed answer, and the circuit breaker (docs/RELIABILITY.md).
@@ -204,6 +205,9 @@ class Settings:
         if self.pii_masking not in PII_MASKING:
             raise SettingsError(f"LEXGRAPH_PII_MASKING must be one of {', '.join(PII_MASKING)}, "
                                 f"got {self.pii_masking!r}")
+        if self.graph_backend not in GRAPH_BACKENDS:
+            raise SettingsError(f"LEXGRAPH_GRAPH_BACKEND must be one of {', '.join(GRAPH_BACKENDS)}, "
+                                f"got {self.graph_backend!r}")
         if self.query_backend not in QUERY_BACKENDS:
             raise SettingsError(f"LEXGRAPH_QUERY_BACKEND must be one of {', '.join(QUERY_BACKENDS)}, "
                                 f"got {self.query_backend!r}")
@@ -230,7 +234,9 @@ class Settings:
     def index_version(self) -> str:
         # torch adds nothing, so indexes built before the backend was a setting keep their version
         backend = "" if self.embed_backend == TORCH else f"|{self.embed_backend}"
-        return "v" + short_hash(f"{CHUNKER_VERSION}|{self.embed_model}|{self.chunk_tokens}{backend}", 8)
+        # Kùzu adds nothing either; another graph database is another index (its graph is built from the start)
+        graph = "" if self.graph_backend == "kuzu" else f"|graph={self.graph_backend}"
+        return "v" + short_hash(f"{CHUNKER_VERSION}|{self.embed_model}|{self.chunk_tokens}{backend}{graph}", 8)
 
     @property
     def index_dir(self) -> Path:
@@ -246,7 +252,7 @@ class Settings:
 
     @property
     def graph_path(self) -> str:
-        return str(self.index_dir / "graph.kuzu")
+        return str(self.index_dir / ("graph.lbug" if self.graph_backend == "ladybug" else "graph.kuzu"))
 
     @property
     def ledger_dir(self) -> Path:

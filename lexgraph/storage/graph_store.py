@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import fcntl
+import sys
 import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Iterator
 
-import kuzu
 import polars as pl
 
 SCHEMA = [
@@ -71,6 +71,31 @@ def _kind_code() -> pl.Expr:
     """SIMILAR's kind name as its code; a name not in SIMILAR_KINDS is an error, not a null."""
     return pl.col("kind").replace_strict({name: code for code, name in enumerate(SIMILAR_KINDS)},
                                          return_dtype=pl.UInt8)
+
+
+LADYBUG_SUFFIX = ".lbug"
+
+
+def graph_engine(path: str | Path):
+    """The embedded graph database a graph file belongs to: Kùzu, or its maintained fork LadybugDB (the `ladybug`
+    package, same Cypher and Python API) for a `.lbug` graph (LEXGRAPH_GRAPH_BACKEND=ladybug). Imported on first
+    use: the two register the same native types, so one process can load only one of them."""
+    if not str(path).endswith(LADYBUG_SUFFIX):
+        if "ladybug" in sys.modules:
+            raise RuntimeError(f"{path}: a process that has opened a LadybugDB graph cannot open a Kùzu one (both "
+                               "register the same native types); use one LEXGRAPH_GRAPH_BACKEND per process")
+        import kuzu
+
+        return kuzu
+    if "kuzu" in sys.modules:
+        raise RuntimeError(f"{path}: a process that has opened a Kùzu graph cannot open a LadybugDB one (both "
+                           "register the same native types); use one LEXGRAPH_GRAPH_BACKEND per process")
+    try:
+        import ladybug
+    except ImportError as error:
+        raise RuntimeError(f"{path}: LEXGRAPH_GRAPH_BACKEND=ladybug needs the `ladybug` package "
+                           "(pip install 'lexgraph[ladybug]')") from error
+    return ladybug
 
 
 class GraphBusyError(RuntimeError):
@@ -149,8 +174,9 @@ class GraphStore:
             self.db = None
             self.conn = None
             return
-        self.db = kuzu.Database(self.path, read_only=not writable)
-        self.conn = kuzu.Connection(self.db)
+        engine = graph_engine(self.path)
+        self.db = engine.Database(self.path, read_only=not writable)
+        self.conn = engine.Connection(self.db)
         if writable:
             for statement in SCHEMA:
                 self.conn.execute(statement)
