@@ -8,6 +8,9 @@ DAGSTER_HOME (the ephemeral instance). Builds alternate (ref, head, head, ref, .
 falls on both sides. The per-stage times come from each build's progress output.
 
     python -m benchmarks.bench_build_ratio --ref 36df744 --corpus ../shared/datasets/lihua-world/LiHuaWorld.zip
+
+--variant NAME=VALUE compares this checkout against itself with one variable set instead (no worktree), e.g.
+LEXGRAPH_GRAPH_BACKEND=ladybug: the graph store against Kùzu, the rest of the build the same.
 """
 from __future__ import annotations
 
@@ -33,8 +36,8 @@ def _worktree(ref: str, where: Path) -> Path:
     return where
 
 
-def _build(code: Path, corpus: Path, home: Path) -> float:
-    env = {**os.environ, "PYTHONPATH": str(code), "HF_HUB_OFFLINE": "1", "LEXGRAPH_HOME": str(home)}
+def _build(code: Path, corpus: Path, home: Path, extra: dict[str, str] | None = None) -> float:
+    env = {**os.environ, "PYTHONPATH": str(code), "HF_HUB_OFFLINE": "1", "LEXGRAPH_HOME": str(home), **(extra or {})}
     env.pop("DAGSTER_HOME", None)
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "orchestration.cli", "ingest", str(corpus), "--quiet"], cwd=code,
@@ -47,7 +50,9 @@ def _build(code: Path, corpus: Path, home: Path) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ref", required=True, help="the older commit to compare against")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--ref", help="the older commit to compare against")
+    which.add_argument("--variant", help="NAME=VALUE: this checkout against itself with the variable set")
     parser.add_argument("--corpus", required=True, help="a folder, .zip or text file (as `lexgraph bench` takes)")
     parser.add_argument("--repeats", type=int, default=1, help="builds per side")
     parser.add_argument("--json", help="write the figures here")
@@ -55,20 +60,25 @@ def main(argv: list[str] | None = None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="lexgraph-build-ratio-"))
     try:
         corpus = prepare_corpus(args.corpus, scratch / "prepared").folder
-        old = _worktree(args.ref, scratch / "ref")
-        sides = {"ref": old, "head": ROOT}
+        if args.variant:
+            name, _, value = args.variant.partition("=")
+            sides = {"ref": (ROOT, {}), "head": (ROOT, {name: value})}
+        else:
+            sides = {"ref": (_worktree(args.ref, scratch / "ref"), {}), "head": (ROOT, {})}
         order = [side for i in range(args.repeats) for side in (("ref", "head") if i % 2 == 0 else ("head", "ref"))]
         times: dict[str, list[float]] = {"ref": [], "head": []}
         for n, side in enumerate(order):
             home = scratch / f"home-{n}"
-            seconds = _build(sides[side], corpus, home)
+            code, extra = sides[side]
+            seconds = _build(code, corpus, home, extra)
             times[side].append(seconds)
             shutil.rmtree(home, ignore_errors=True)
             print(f"build {n + 1}/{len(order)}: {side} {seconds:.1f} s", flush=True)
         ref, head = statistics.median(times["ref"]), statistics.median(times["head"])
-        figures = {"ref": args.ref, "corpus": str(args.corpus), "ref_s": times["ref"], "head_s": times["head"],
+        label = args.ref or f"this checkout, then with {args.variant}"
+        figures = {"ref": label, "corpus": str(args.corpus), "ref_s": times["ref"], "head_s": times["head"],
                    "ratio": round(head / ref, 3), "cpus": os.cpu_count()}
-        print(f"build-ratio corpus={Path(args.corpus).name} ref={args.ref} ref_s={ref:.1f} head_s={head:.1f} "
+        print(f"build-ratio corpus={Path(args.corpus).name} ref={label!r} ref_s={ref:.1f} head_s={head:.1f} "
               f"ratio={head / ref:.3f}")
         if args.json:
             Path(args.json).write_text(json.dumps(figures, indent=1))
