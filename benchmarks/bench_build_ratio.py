@@ -48,6 +48,19 @@ def _build(code: Path, corpus: Path, home: Path, extra: dict[str, str] | None = 
     return seconds
 
 
+OPEN = ("import statistics, sys, time\nfrom lexgraph.settings import Settings\n"
+        "from lexgraph.storage.graph_store import GraphStore\npath = Settings.from_env().graph_path\ntimes = []\n"
+        "for _ in range(5):\n    t = time.perf_counter()\n    with GraphStore.writer(path) as g:\n        g.count('Chunk')\n"
+        "    times.append(time.perf_counter() - t)\nprint(statistics.median(times))")
+
+
+def _open_seconds(code: Path, home: Path, extra: dict[str, str]) -> float:
+    """Median of 5: opening the built graph for writing (taking its lock), one count, closing it."""
+    env = {**os.environ, "PYTHONPATH": str(code), "LEXGRAPH_HOME": str(home), **extra}
+    done = subprocess.run([sys.executable, "-c", OPEN], cwd=code, env=env, capture_output=True, text=True)
+    return float(done.stdout.strip()) if done.returncode == 0 else float("nan")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     which = parser.add_mutually_exclusive_group(required=True)
@@ -67,19 +80,22 @@ def main(argv: list[str] | None = None) -> int:
             sides = {"ref": (_worktree(args.ref, scratch / "ref"), {}), "head": (ROOT, {})}
         order = [side for i in range(args.repeats) for side in (("ref", "head") if i % 2 == 0 else ("head", "ref"))]
         times: dict[str, list[float]] = {"ref": [], "head": []}
+        opens: dict[str, list[float]] = {"ref": [], "head": []}
         for n, side in enumerate(order):
             home = scratch / f"home-{n}"
             code, extra = sides[side]
             seconds = _build(code, corpus, home, extra)
             times[side].append(seconds)
+            opens[side].append(_open_seconds(code, home, extra))
             shutil.rmtree(home, ignore_errors=True)
             print(f"build {n + 1}/{len(order)}: {side} {seconds:.1f} s", flush=True)
         ref, head = statistics.median(times["ref"]), statistics.median(times["head"])
         label = args.ref or f"this checkout, then with {args.variant}"
         figures = {"ref": label, "corpus": str(args.corpus), "ref_s": times["ref"], "head_s": times["head"],
-                   "ratio": round(head / ref, 3), "cpus": os.cpu_count()}
+                   "ratio": round(head / ref, 3), "cpus": os.cpu_count(), "open_s": opens}
         print(f"build-ratio corpus={Path(args.corpus).name} ref={label!r} ref_s={ref:.1f} head_s={head:.1f} "
-              f"ratio={head / ref:.3f}")
+              f"ratio={head / ref:.3f} graph_open_s={statistics.median(opens['ref']):.3f}/"
+              f"{statistics.median(opens['head']):.3f}")
         if args.json:
             Path(args.json).write_text(json.dumps(figures, indent=1))
     finally:
