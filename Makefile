@@ -8,7 +8,7 @@ export LEXGRAPH_HOME ?= $(CURDIR)/.lexgraph
 export HF_HUB_OFFLINE := 1
 SHARED ?= ../shared
 
-.PHONY: install bytecode demo test test-fast dev dev-prod bench bench-musique bench-router bench-ingest bench-scale bench-incremental bench-extraction bench-extraction-cost bench-build-ratio bench-serve bench-sensor bench-embedder bench-query-scale bench-generalize clean
+.PHONY: install bytecode demo test test-fast dev dev-prod bench bench-musique bench-router bench-ingest bench-scale bench-incremental bench-extraction bench-extraction-cost bench-build-ratio bench-graph-backend bench-serve bench-sensor bench-embedder bench-query-scale bench-generalize clean
 
 # torch is installed first and pinned: the local CPU build; an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -99,6 +99,11 @@ bench-extraction: $(STAMP)
 REF ?= 36df744
 bench-build-ratio: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_build_ratio --ref $(REF) --corpus $(SHARED)/datasets/lihua-world/LiHuaWorld.zip
+
+# the same full LiHua-World ingest on Kùzu and on LadybugDB (LEXGRAPH_GRAPH_BACKEND=ladybug), alternating, as a
+# ratio, with each graph's open-and-lock time
+bench-graph-backend: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_build_ratio --variant LEXGRAPH_GRAPH_BACKEND=ladybug --corpus $(SHARED)/datasets/lihua-world/LiHuaWorld.zip
 
 # what LLM extraction costs by β, adding one document, and offline extraction against embedding throughput
 # (issue 8), with the synthetic test LLM on LiHua-World
