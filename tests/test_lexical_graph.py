@@ -227,7 +227,8 @@ def test_selection_diff_reextracts_only_the_affected_documents(tiny_corpus, home
         assert defs.resolve_job_def(request.job_name).execute_in_process(instance=instance, tags=request.tags).success
     assert llm.calls - calls == len(newly)
     [follow] = tick(corpus_index_sensor).run_requests
-    assert follow.asset_selection == [dg.AssetKey("lexical_graph")]
+    # the lexical graph, and the LanceDB tables the lance backend reads it from
+    assert follow.asset_selection == [dg.AssetKey("lexical_graph"), dg.AssetKey("graph_tables")]
     assert defs.resolve_job_def(follow.job_name).execute_in_process(
         instance=instance, asset_selection=follow.asset_selection).success
     assert tick(corpus_index_sensor).skip_message.startswith("corpus index is current")
