@@ -18,7 +18,7 @@ PACKAGES = ("lexgraph", "resources", "assets", "orchestration", "deploy", "bench
 LAYERS = (
     ("base", ("lexgraph", "lexgraph.ids", "lexgraph.errors", "lexgraph.atomic_json", "lexgraph.faults",
               "lexgraph.progress", "lexgraph.deferred_imports", "lexgraph.defaults", "lexgraph.embedding_model",
-              "lexgraph.settings", "lexgraph.ledger", "lexgraph.storage.*")),
+              "lexgraph.settings", "lexgraph.ledger", "lexgraph.terms", "lexgraph.storage.*")),
     ("extract", ("lexgraph.extract.*", "lexgraph.inbox")),
     ("indexing", ("lexgraph.indexing.*",)),
     ("query", ("lexgraph.query.*",)),

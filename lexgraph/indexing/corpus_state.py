@@ -53,8 +53,10 @@ def step_settings(step: str, settings) -> str:
     `lexgraph ingest` and the corpus sensor rebuild it (the catalog alone would not show the change)."""
     knn = f"knn_k={settings.knn_k} knn_mode={settings.knn_mode}"
     search = f"query_backend={settings.query_backend} lance_threshold={settings.lance_threshold}"
+    # full_text=terms: the full-text index over search_text (lexgraph.terms); an index built over the raw text
+    # before is out of step, so the next ingest rebuilds it
     return {"chunk_knn_graph": knn, "chunk_pagerank": knn, "skeleton_selection": f"{knn} beta={settings.beta}",
-            SEARCH_INDEXES: search, GRAPH_TABLES: search}.get(step, "")
+            SEARCH_INDEXES: f"{search} full_text=terms", GRAPH_TABLES: search}.get(step, "")
 
 
 def solo_steps(stale: list[str]) -> list[str] | None:

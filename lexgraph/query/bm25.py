@@ -2,30 +2,12 @@
 and the term weights the extractive answerer and the router read."""
 from __future__ import annotations
 
-import re
 from typing import Sequence
 
 import numpy as np
 import scipy.sparse as sp
 
-from lexgraph.extract.keywords import STOPWORDS
-
-_TOKEN = re.compile(r"[^\W_]+")
-# "WolfgangSchulz" (a chat speaker) and "Wolfgang" (in the question) must meet: split camel case.
-_CAMEL = re.compile(r"(?<=[a-z])(?=[A-Z])")
-
-
-def tokenize(text: str, split_camel_case: bool = True) -> list[str]:
-    """Lowercase alphanumeric tokens without stopwords; camel-case words also give their parts."""
-    tokens: list[str] = []
-    for match in _TOKEN.finditer(text):
-        word = match.group()
-        lowered = word.lower()
-        if lowered not in STOPWORDS:
-            tokens.append(lowered)
-        if split_camel_case and _CAMEL.search(word):
-            tokens.extend(p.lower() for p in _CAMEL.split(word) if p.lower() not in STOPWORDS)
-    return tokens
+from lexgraph.terms import tokenize
 
 
 class BM25:

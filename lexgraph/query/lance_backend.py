@@ -39,7 +39,7 @@ from lexgraph.query.bm25 import tokenize
 from lexgraph.query.fusion import rank_shares, score_shares, spread
 from lexgraph.query.retrieval_types import PREFETCH_ROWS
 from lexgraph.storage import lance_indexes as li
-from lexgraph.storage.vector_store import CHUNKS, KEYWORDS, VectorStore, _in_list
+from lexgraph.storage.vector_store import CHUNKS, KEYWORDS, SEARCH_TEXT, VectorStore, _in_list
 
 Hits = tuple[np.ndarray, np.ndarray]  # (rows, scores)
 # the full-text and dense queries of a hybrid ranking run here beside its keyword channel (LanceDB releases
@@ -197,11 +197,12 @@ class LanceSearch:
         return [self._ranked(result, scores, mask) for mask in _per_query(result, len(batch))]
 
     def fts(self, text: str, tokens: list[str], k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Full-text hits for the query's tokens (our tokenizer's, so punctuation never reaches the query
-        parser); none without a full-text index (LanceDB has no flat full-text search)."""
+        """Full-text hits for the query's tokens: lexgraph.terms', as the chunks' search_text holds them, so the
+        scores are the memory BM25's terms (and punctuation never reaches the query parser); none without a
+        full-text index (LanceDB has no flat full-text search)."""
         if not tokens or not self.states[li.FTS_INDEX].present:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
-        result = self.chunks.search(" ".join(dict.fromkeys(tokens)), query_type="fts", fts_columns="text") \
+        result = self.chunks.search(" ".join(dict.fromkeys(tokens)), query_type="fts", fts_columns=SEARCH_TEXT) \
             .limit(k or self.params.candidates).select(["_rowid", "_score"]).to_arrow()
         return self._ranked(result, result.column("_score").to_numpy().astype(float))
 

@@ -23,11 +23,18 @@ import pyarrow as pa
 from lancedb.index import FTS, BTree, IvfFlat, IvfPq
 
 from lexgraph.atomic_json import write_json
-from lexgraph.storage.vector_store import CHUNKS, KEYWORDS, VectorStore, _in_list
+from lexgraph.storage.vector_store import CHUNKS, KEYWORDS, SEARCH_TEXT, VectorStore, _in_list
+from lexgraph.terms import search_terms
 
 KEYWORD_LINKS = "keyword_links"
 ANN_INDEX, FTS_INDEX, ID_INDEX, KEYWORD_ANN, LINK_INDEX = (
-    "vector_idx", "text_idx", "chunk_id_idx", "keyword_vector_idx", "keyword_idx")
+    "vector_idx", "terms_idx", "chunk_id_idx", "keyword_vector_idx", "keyword_idx")
+FORMER_FTS_INDEX = "text_idx"  # on the raw text, with LanceDB's tokenizer: dropped when terms_idx is built
+# search_text holds lexgraph.terms' terms, space-separated: split on whitespace and nothing else, so the index
+# counts exactly the terms the memory BM25 counts (no stemming, no other stopword list, no length cut)
+TERMS_FTS = FTS(with_position=False, base_tokenizer="whitespace", lower_case=False, stem=False,
+                remove_stop_words=False, ascii_folding=False, max_token_length=None)
+TERMS_BATCH = 50_000  # rows whose search_text one fill reads and writes at a time
 CHUNK_INDEXES = (ANN_INDEX, FTS_INDEX, ID_INDEX)
 PQ_FROM_ROWS = 10_000  # below: IVF_FLAT (exact inside probed partitions; PQ needs 256+ rows to train)
 PQ_SUB_VECTORS = 48  # 8 dimensions each at 384-d: 48 bytes a vector in the index
@@ -91,19 +98,45 @@ def build_ann(table, rows: int, name: str = ANN_INDEX) -> None:
     table.create_index("vector", config=_ann_config(rows), replace=True, name=name)
 
 
+def rows_without_terms(table) -> int:
+    """Chunk rows whose search_text is missing: written before the column existed."""
+    return table.count_rows() if SEARCH_TEXT not in table.schema.names else table.count_rows(f"{SEARCH_TEXT} IS NULL")
+
+
+def fill_search_terms(table) -> int:
+    """Give every chunk row written before search_text existed its terms (merged by chunk_id, in batches);
+    returns the rows filled. The merge rewrites those rows, so the indexes are built after it."""
+    if SEARCH_TEXT not in table.schema.names:
+        table.add_columns(pa.field(SEARCH_TEXT, pa.string()))
+    filled = 0
+    while True:
+        batch = table.search().where(f"{SEARCH_TEXT} IS NULL").select(["chunk_id", "text"]).limit(TERMS_BATCH) \
+            .to_arrow()
+        if batch.num_rows == 0:
+            return filled
+        terms = pa.array([search_terms(t or "") for t in batch.column("text").to_pylist()], pa.string())
+        table.merge_insert("chunk_id").when_matched_update_all().execute(
+            pa.table({"chunk_id": batch.column("chunk_id"), SEARCH_TEXT: terms}))
+        filled += batch.num_rows
+
+
 def build_chunk_indexes(store: VectorStore) -> dict[str, float]:
-    """Train every chunk-table index from scratch; seconds each."""
+    """Train every chunk-table index from scratch (after filling any missing search terms); seconds each."""
     table = store.db.open_table(CHUNKS)
+    started = time.perf_counter()
+    filled = fill_search_terms(table)
+    seconds = {"search_terms": round(time.perf_counter() - started, 2)} if filled else {}
     rows = table.count_rows()
-    seconds = {}
     for name, build in ((ID_INDEX, lambda: table.create_index("chunk_id", config=BTree(), replace=True,
                                                                 name=ID_INDEX)),
-                        (FTS_INDEX, lambda: table.create_index("text", config=FTS(with_position=False),
-                                                               replace=True, name=FTS_INDEX)),
+                        (FTS_INDEX, lambda: table.create_index(SEARCH_TEXT, config=TERMS_FTS, replace=True,
+                                                               name=FTS_INDEX)),
                         (ANN_INDEX, lambda: build_ann(table, rows))):
         started = time.perf_counter()
         build()
         seconds[name] = round(time.perf_counter() - started, 2)
+    if FORMER_FTS_INDEX in {i.name for i in table.list_indices()}:
+        table.drop_index(FORMER_FTS_INDEX)
     return seconds
 
 
@@ -289,6 +322,8 @@ def refresh(store: VectorStore, corpus_dir: Path, links: "pl.DataFrame | Documen
     rows = table.count_rows()
     state = read_state(corpus_dir)
     decision = refresh_decision(rows, state.get("trained_rows"), chunk_index_states(store))
+    if decision != "build" and rows_without_terms(table):
+        decision = "build"  # rows from before search_text: their terms, then the indexes over them
     started = time.perf_counter()
     seconds: dict[str, float] = {}
     if decision == "build":

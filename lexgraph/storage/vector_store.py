@@ -12,12 +12,17 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from lexgraph.terms import search_terms
+
 CHUNKS = "chunks"
 SOURCES = "sources"
 KEYWORDS = "keywords"
 # The lexical graph's vectors: statement text, and an entity's "name: description".
 STATEMENTS = "statements"
 ENTITIES = "entities"
+
+
+SEARCH_TEXT = "search_text"
 
 
 def chunk_schema(dimension: int) -> pa.Schema:
@@ -37,6 +42,9 @@ def chunk_schema(dimension: int) -> pa.Schema:
             ("page_end", pa.int32()),
             ("model", pa.string()),
             ("vector", pa.list_(pa.float32(), dimension)),
+            # the text's search terms (lexgraph.terms), which LanceDB's full-text index counts; last, where
+            # add_columns puts it in a table written before it existed
+            (SEARCH_TEXT, pa.string()),
         ]
     )
 
@@ -111,12 +119,16 @@ class VectorStore:
         former = [c for c in _FORMER_SCORE_COLUMNS if c in table.schema.names]
         if former:
             table.drop_columns(former)
+        if SEARCH_TEXT not in table.schema.names:  # written before search_text: the older rows' terms are
+            table.add_columns(pa.field(SEARCH_TEXT, pa.string()))  # filled by the search_indexes step
         if doc_ids:
             table.delete(_in_list("doc_id", doc_ids))
         if chunks.height:
-            data = chunks.select([f.name for f in schema if f.name != "vector"]).to_arrow()
+            data = chunks.select([f.name for f in schema if f.name not in ("vector", SEARCH_TEXT)]).to_arrow()
             data = data.append_column("vector", pa.FixedSizeListArray.from_arrays(
                 pa.array(vectors.astype(np.float32).ravel()), vectors.shape[1]))
+            data = data.append_column(SEARCH_TEXT, pa.array([search_terms(t) for t in chunks["text"].to_list()],
+                                                            pa.string()))
             table.add(data.cast(schema))
 
     def set_chunk_scores(self, scores: pl.DataFrame) -> None:
