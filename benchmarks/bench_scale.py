@@ -198,17 +198,36 @@ def print_report(rows: list[dict[str, object]]) -> None:
             print(f"k={k} {small['n']}->{large['n']}: " + "  ".join(parts))
 
 
-def fresh_process_add(args: argparse.Namespace) -> None:
+# The retired 10 s target's regression guard (issue 42): what an add costs may grow with the index, this much
+GUARD_RATIO = 3.0
+
+
+def fresh_process_add(args: argparse.Namespace) -> int:
+    """The fresh-process add at --fresh-chunks, and (unless --no-guard) at --guard-chunks as its baseline in the
+    same command; 1 when the add costs more than GUARD_RATIO × the baseline's."""
     from benchmarks import fresh_add
     from benchmarks.synthetic_index import CorpusSpec
 
-    spec = CorpusSpec(args.fresh_chunks, args.fresh_doc_chunks)
-    result = fresh_add.measure(spec, args.fresh_repeats, args.fresh_new_chunks, args.fresh_cache,
-                               breakdown=not args.no_breakdown, log=lambda line: print(line, flush=True))
-    print("\n".join(fresh_add.report(result)), flush=True)
+    def one(chunks: int, breakdown: bool):
+        spec = CorpusSpec(chunks, min(args.fresh_doc_chunks, chunks))
+        result = fresh_add.measure(spec, args.fresh_repeats, args.fresh_new_chunks, args.fresh_cache,
+                                   breakdown=breakdown, log=lambda line: print(line, flush=True))
+        print("\n".join(fresh_add.report(result)), flush=True)
+        return result
+
+    baseline = None if args.no_guard else one(args.guard_chunks, breakdown=False)
+    result = one(args.fresh_chunks, breakdown=not args.no_breakdown)
+    if baseline is None:
+        return 0
+    ratio = result.median_seconds / baseline.median_seconds
+    verdict = "ok" if ratio <= GUARD_RATIO else "REGRESSION"
+    print(f"add-guard chunks={args.fresh_chunks} baseline_chunks={args.guard_chunks} "
+          f"add_s={result.median_seconds:.1f} baseline_s={baseline.median_seconds:.1f} ratio={ratio:.2f} "
+          f"limit={GUARD_RATIO:g} {verdict}", flush=True)
+    return 0 if ratio <= GUARD_RATIO else 1
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 50_000, 100_000])
     parser.add_argument("--k", type=int, nargs="+", default=[DEFAULT_K], help="one or more K values")
@@ -224,15 +243,17 @@ def main() -> None:
     fresh.add_argument("--fresh-only", action="store_true", help="only the fresh-process add")
     fresh.add_argument("--no-fresh", action="store_true", help="skip the fresh-process add")
     fresh.add_argument("--no-breakdown", action="store_true", help="skip the untimed repeat that gives step timings")
+    fresh.add_argument("--guard-chunks", type=_positive_int, default=1_000,
+                       help=f"the guard's baseline index: the add must cost at most {GUARD_RATIO:g}× the add here")
+    fresh.add_argument("--no-guard", action="store_true", help="skip the baseline add and the guard")
     args = parser.parse_args()
     if args.fresh_only and args.no_fresh:
         parser.error("--fresh-only and --no-fresh exclude each other")
     if args.one is not None:
         print(json.dumps(run_one(args.one, args.k[0], args.mode, args.max_df)))
-        return
+        return 0
     if args.fresh_only:
-        fresh_process_add(args)
-        return
+        return fresh_process_add(args)
     rows = []
     for k in args.k:
         for n in sorted(args.sizes):
@@ -242,10 +263,11 @@ def main() -> None:
             rows.append(json.loads(output.strip().splitlines()[-1]))
     print(f"mode={args.mode} max_df={args.max_df} beta={DEFAULT_BETA} dim={DIM} cores={os.cpu_count()}")
     print_report(rows)
-    if not args.no_fresh:
-        print()
-        fresh_process_add(args)
+    if args.no_fresh:
+        return 0
+    print()
+    return fresh_process_add(args)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

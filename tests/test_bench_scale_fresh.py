@@ -27,8 +27,15 @@ def _bench(*args: str) -> subprocess.CompletedProcess:
 def test_fresh_add_is_timed_and_the_document_is_stored(tmp_path):
     done = _bench("--fresh-chunks", str(SPEC.chunks), "--fresh-doc-chunks", str(SPEC.doc_chunks),
                   "--fresh-new-chunks", str(NEW_CHUNKS), "--fresh-repeats", "1", "--no-breakdown",
-                  "--fresh-cache", str(tmp_path))
-    assert done.returncode == 0, done.stdout + done.stderr
+                  "--fresh-cache", str(tmp_path), "--guard-chunks", "100")
+    # the guard: the same add on a 100-chunk index first, then the ratio and its verdict, which sets the exit code
+    guard = re.search(r"^add-guard chunks=300 baseline_chunks=100 add_s=(\S+) baseline_s=(\S+) ratio=(\S+) "
+                      r"limit=3 (ok|REGRESSION)$", done.stdout, re.MULTILINE)
+    assert guard, done.stdout + done.stderr
+    add, baseline, ratio = (float(guard[i]) for i in (1, 2, 3))
+    assert ratio == pytest.approx(add / baseline, abs=0.01)
+    assert done.returncode == (0 if guard[4] == "ok" else 1) and (guard[4] == "ok") == (ratio <= 3)
+    assert "fresh-process add at 100 chunks:" in done.stdout.split("fresh-process add at 300 chunks:")[0]
     assert re.search(r"^fresh-process add at 300 chunks: \d+\.\d s$", done.stdout, re.MULTILINE), done.stdout
     assert re.search(r"^fresh-process add at 300 chunks: peak RSS \d+ MiB$", done.stdout, re.MULTILINE)
     assert "started no run and no corpus update" in done.stdout
