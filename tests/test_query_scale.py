@@ -24,6 +24,7 @@ from lexgraph.cli import main as cli_main
 from lexgraph.extract.source_texts import source_text
 from lexgraph.ids import chunk_id
 from lexgraph.index import LexIndex
+from lexgraph.query.lance_backend import LanceParams
 from lexgraph.query.retrieval import Retriever, dense_scores, load_index, load_lance_index
 from lexgraph.query.service import QueryService
 from lexgraph.settings import Settings
@@ -573,7 +574,7 @@ def test_a_hubs_members_are_read_among_the_questions_nearest_statements(lance_ho
     settings = Settings.from_env(home=home, query_backend="lance")
     index = LexIndex(settings)
     lance_graph_tables.update_graph_tables(index.corpus_files, index.vectors, index.extract_store, settings)
-    graph, why = lance_graph.load_lance_graph(index.vectors, index.corpus_files, 20)
+    graph, why = lance_graph.load_lance_graph(index.vectors, index.corpus_files, LanceParams(nprobes=20))
     assert graph is not None, why
     memory = pair[0].index.graph
     vector = pair[0].embed(QUESTIONS[0])
@@ -595,3 +596,36 @@ def test_a_hubs_members_are_read_among_the_questions_nearest_statements(lance_ho
     retriever = Retriever(load_lance_index(settings), pair[0].embed, RetrievalParams(), pair[0].embed_batch)
     for method in ("statement", "entity", "path"):
         assert retriever.search(method, QUESTIONS[0], 5)  # the channels still find evidence through the hubs
+
+
+def test_a_pq_index_is_probed_by_its_own_size_and_refined_to_exact_distances(tmp_path):
+    """ann_probe (the keyword, entity and statement vectors' searches): a share of the table's own partitions,
+    and PQ distances re-scored on the stored vectors, so the nearest rows come with their exact cosines."""
+    import lancedb
+    import pyarrow as pa
+    from lancedb.index import IvfFlat, IvfPq
+
+    rng = np.random.default_rng(7)
+    vectors = rng.normal(size=(600, 384)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    table = lancedb.connect(tmp_path).create_table("v", data=pa.table({
+        "row": np.arange(600), "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), 384)}))
+    assert li.ann_probe(table, "ann", 8, 0.5, 10) == li.AnnProbe(8, None)  # no index: flat, exact
+    table.create_index("vector", config=IvfPq(distance_type="cosine", num_partitions=2, num_sub_vectors=48),
+                       name="ann")
+    probe = li.ann_probe(table, "ann", 1, 0.5, 10)
+    assert probe == li.AnnProbe(math.ceil(0.5 * li.ann_partitions(600)), 10)
+    query = vectors[3] + 0.1 * vectors[5]
+    exact = 1.0 - vectors @ (query / np.linalg.norm(query))
+
+    def nearest(p):
+        found = p.apply(table.search(query).distance_type("cosine").limit(10)).select(["row", "_distance"]).to_arrow()
+        return found.column("row").to_numpy(), found.column("_distance").to_numpy()
+
+    rows, distances = nearest(probe)
+    assert rows.tolist() == np.argsort(exact)[:10].tolist()
+    assert distances == pytest.approx(exact[rows], abs=1e-4)
+    _, unrefined = nearest(li.AnnProbe(probe.nprobes, None))
+    assert not np.allclose(unrefined, np.sort(exact)[:10], atol=1e-4)  # PQ alone: approximate distances
+    table.create_index("vector", config=IvfFlat(distance_type="cosine", num_partitions=2), name="ann", replace=True)
+    assert li.ann_probe(table, "ann", 1, 0.5, 10).refine_factor is None

@@ -20,8 +20,10 @@ from collections import OrderedDict
 import numpy as np
 
 from lexgraph.query.lance_graph_tables import (GRAPH_ENTITIES, GRAPH_LINKS, GRAPH_MENTIONS, GRAPH_NAMES,
-                                               GRAPH_STATEMENTS, GRAPH_TOPICS, read_state, tables_current)
+                                               GRAPH_STATEMENTS, GRAPH_TOPICS, VECTOR_ANN, read_state,
+                                               tables_current)
 from lexgraph.query.retrieval_types import LexicalGraph
+from lexgraph.storage import lance_indexes as li
 from lexgraph.storage.vector_store import VectorStore, _in_list
 
 CACHE_ROWS = 20_000  # rows of each table kept between questions
@@ -80,8 +82,8 @@ def _in(column: str, values: list) -> str:
     return f"{column} IN ({', '.join(str(int(v)) for v in values)})"
 
 
-def _nearest(table, query_vector: np.ndarray, k: int, nprobes: int) -> tuple[np.ndarray, np.ndarray]:
-    found = table.search(query_vector.astype(np.float32)).distance_type("cosine").nprobes(nprobes).limit(k) \
+def _nearest(table, query_vector: np.ndarray, k: int, probe: li.AnnProbe) -> tuple[np.ndarray, np.ndarray]:
+    found = probe.apply(table.search(query_vector.astype(np.float32)).distance_type("cosine").limit(k)) \
         .select(["row", "_distance"]).to_arrow()
     return (found.column("row").to_numpy().astype(np.int64),
             (1.0 - found.column("_distance").to_numpy()).astype(np.float32))
@@ -95,11 +97,11 @@ class _VectorTable:
     """Nearest rows (the table's ANN index, or flat below it) and cosines of given rows (their cached vectors)."""
 
     table: object
-    nprobes: int
+    probe: li.AnnProbe  # the table's own ANN index: its share of partitions probed, PQ distances refined
     _rows: _RowCache
 
     def nearest(self, query_vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        return _nearest(self.table, query_vector, k, self.nprobes)
+        return _nearest(self.table, query_vector, k, self.probe)
 
     def similarity(self, query_vector: np.ndarray, rows: np.ndarray) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.int64)
@@ -111,11 +113,11 @@ class _VectorTable:
 class LanceEntities(_VectorTable):
     """The entity graph of the entity and path channels, read from graph_entities and graph_entity_names."""
 
-    def __init__(self, store: VectorStore, state: dict, nprobes: int):
+    def __init__(self, store: VectorStore, state: dict, params):
         self.table = store.db.open_table(GRAPH_ENTITIES)
         self.names = store.db.open_table(GRAPH_NAMES)
         self.size = self.table.count_rows()
-        self.nprobes = nprobes
+        self.probe = _probe(self.table, params)
         self.idf_max = float(state.get("entity_idf_max", 0.0))
         self.has_mentions = bool(state.get("entity_mentions"))
         self.has_relations = bool(state.get("entity_relations"))
@@ -180,10 +182,10 @@ class LanceStatements(_VectorTable):
     """The statement graph of the statement channel and the answer layer, read from graph_statements,
     graph_topics and graph_links."""
 
-    def __init__(self, store: VectorStore, nprobes: int):
+    def __init__(self, store: VectorStore, params):
         self.table = store.db.open_table(GRAPH_STATEMENTS)
         self.size = self.table.count_rows()
-        self.nprobes = nprobes
+        self.probe = _probe(self.table, params)
         self._rows = _RowCache(self.table, "row", ["row", "statement_id", "text", "topic", "topic_row", "chunk_id",
                                                    "doc_id", "vector", "links"])
         self._topics = _RowCache(store.db.open_table(GRAPH_TOPICS), "topic_row", ["topic_row", "members",
@@ -276,17 +278,22 @@ class LanceStatements(_VectorTable):
                  records[r]["doc_id"]) for r in (int(x) for x in rows)]
 
 
-def load_lance_graph(store: VectorStore, files, nprobes: int) -> tuple[LexicalGraph | None, str]:
+def _probe(table, params) -> li.AnnProbe:
+    return li.ann_probe(table, VECTOR_ANN, params.nprobes, params.probe_share, params.refine_factor)
+
+
+def load_lance_graph(store: VectorStore, files, params) -> tuple[LexicalGraph | None, str]:
     """The lexical graph over its LanceDB tables, or (None, why not): never written (below the threshold, or an
-    index from before the tables), or written from an older lexical graph than the one built last."""
+    index from before the tables), or written from an older lexical graph than the one built last. params:
+    lance_backend.LanceParams (nprobes, probe_share, refine_factor), applied to each table's own ANN index."""
     state = read_state(files)
     if not state:
         return None, "the lexical graph's LanceDB tables are not written yet; the corpus job writes them"
     if not tables_current(files):
         return None, "the lexical graph's LanceDB tables are behind the lexical graph; the corpus job rewrites them"
     names = set(store.table_names())
-    entities = LanceEntities(store, state, nprobes) if {GRAPH_ENTITIES, GRAPH_NAMES} <= names else None
-    statements = LanceStatements(store, nprobes) \
+    entities = LanceEntities(store, state, params) if {GRAPH_ENTITIES, GRAPH_NAMES} <= names else None
+    statements = LanceStatements(store, params) \
         if {GRAPH_STATEMENTS, GRAPH_TOPICS, GRAPH_LINKS} <= names else None
     if entities is not None:
         entities.statements = statements

@@ -42,6 +42,7 @@ from lexgraph.storage.vector_store import CHUNKS, ENTITIES, VectorStore
 GRAPH_ENTITIES, GRAPH_NAMES, GRAPH_STATEMENTS = "graph_entities", "graph_entity_names", "graph_statements"
 GRAPH_TOPICS, GRAPH_LINKS, GRAPH_MENTIONS = "graph_topics", "graph_links", "graph_mentions"
 GRAPH_TABLE_NAMES = (GRAPH_ENTITIES, GRAPH_NAMES, GRAPH_STATEMENTS, GRAPH_TOPICS, GRAPH_LINKS, GRAPH_MENTIONS)
+VECTOR_ANN = "vector_ann"  # the entity and statement tables' ANN index
 ANN_FROM_ROWS = 20_000  # below: flat (exact) search, a few ms at this size
 BATCH_ROWS = 200_000  # statement rows written at a time
 MEMBER_CAP = 2_000  # longer member lists are left out of their row (read through the question's nearest instead)
@@ -153,7 +154,7 @@ def _write(store: VectorStore, name: str, frames, key: str, vectors: bool = Fals
     if rows:
         table.create_index(key, config=BTree(), replace=True, name=f"{key}_btree")
     if vectors and rows >= ANN_FROM_ROWS:
-        li.build_ann(table, rows, name="vector_ann")
+        li.build_ann(table, rows, name=VECTOR_ANN)
     return rows
 
 

@@ -94,7 +94,7 @@ def load_lance_index(settings: Settings, params: RetrievalParams | None = None,
     rows, search, terms = lance_backend.load(store, params.bm25_k1, params.bm25_b, params.split_camel_case,
                                              lance_params)
     graph, missing = lance_graph.load_lance_graph(store, corpus_state.CorpusFiles(settings.index_dir),
-                                                  search.params.nprobes)
+                                                  search.params)
     return RetrievalIndex(chunks=rows, vectors=None, bm25=terms, keywords=None, neighbours=None, pagerank=None,
                           settings=settings, position=lance_backend.FetchedPositions(rows), graph=graph,
                           backend=lance_backend.LanceBackend(search), graph_missing=missing)

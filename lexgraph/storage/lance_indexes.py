@@ -82,6 +82,28 @@ def index_states(table, names: tuple[str, ...]) -> dict[str, IndexState]:
     return states
 
 
+@dataclass(frozen=True)
+class AnnProbe:
+    """How one table's vector search is run: partitions probed, and the PQ candidates re-scored on the stored
+    vectors (None: no PQ index, the distances are exact)."""
+
+    nprobes: int
+    refine_factor: int | None
+
+    def apply(self, query):
+        query = query.nprobes(self.nprobes)
+        return query.refine_factor(self.refine_factor) if self.refine_factor else query
+
+
+def ann_probe(table, index_name: str, floor: int, share: float, refine_factor: int) -> AnnProbe:
+    """At least `floor` partitions and `share` of the table's own; refined when its index is IVF_PQ."""
+    state = index_states(table, (index_name,))[index_name]
+    if not state.present or not state.indexed:
+        return AnnProbe(floor, None)
+    return AnnProbe(max(floor, math.ceil(share * ann_partitions(state.indexed))),
+                    refine_factor if state.kind == "IVF_PQ" else None)
+
+
 def chunk_index_states(store: VectorStore) -> dict[str, IndexState]:
     table = store.db.open_table(CHUNKS) if CHUNKS in store.table_names() else None
     return index_states(table, CHUNK_INDEXES)
