@@ -97,8 +97,9 @@ bench-extraction: $(STAMP)
 # a full `lexgraph ingest` of LiHua-World with this checkout against REF's code (default: the commit before the
 # spaCy extractor), alternating, as a ratio (issue 40: at most 1.25x)
 REF ?= 36df744
+REPEATS ?= 3
 bench-build-ratio: $(STAMP)
-	$(BIN)/python -m benchmarks.bench_build_ratio --ref $(REF) --corpus $(SHARED)/datasets/lihua-world/LiHuaWorld.zip
+	$(BIN)/python -m benchmarks.bench_build_ratio --ref $(REF) --repeats $(REPEATS) --corpus $(SHARED)/datasets/lihua-world/LiHuaWorld.zip
 
 # the same full LiHua-World ingest on Kùzu and on LadybugDB (LEXGRAPH_GRAPH_BACKEND=ladybug), alternating, as a
 # ratio, with each graph's open-and-lock time
