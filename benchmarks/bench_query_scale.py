@@ -42,7 +42,9 @@ from lexgraph.ids import chunk_id  # noqa: E402
 from lexgraph.query.retrieval import sub_queries  # noqa: E402
 from lexgraph.settings import Settings  # noqa: E402
 from lexgraph.storage import lance_indexes as li  # noqa: E402
-from lexgraph.storage.vector_store import CHUNKS, KEYWORDS, SOURCE_SCHEMA, VectorStore, chunk_schema  # noqa: E402
+from lexgraph.storage.vector_store import (CHUNKS, KEYWORDS, SEARCH_TEXT, SOURCE_SCHEMA, VectorStore,  # noqa: E402
+                                          chunk_schema)
+from lexgraph.terms import search_terms  # noqa: E402
 
 DIM, WORDS, TOPIC_WORDS, CHUNK_WORDS, TOPIC_SHARE, DOC_CHUNKS, KEYWORDS_PER_TOPIC = 384, 30_000, 200, 80, 0.3, 20, 20
 BATCH = 50_000
@@ -109,7 +111,8 @@ class Corpus:
             "page_start": pl.Series([None] * len(rows), dtype=pl.Int32),
             "page_end": pl.Series([None] * len(rows), dtype=pl.Int32), "model": ["all-MiniLM-L6-v2"] * len(rows)})
         table = frame.to_arrow().append_column("vector", pa.FixedSizeListArray.from_arrays(
-            pa.array(vectors.ravel()), DIM)).cast(chunk_schema(DIM))
+            pa.array(vectors.ravel()), DIM)).append_column(
+            SEARCH_TEXT, pa.array([search_terms(t) for t in texts], pa.string())).cast(chunk_schema(DIM))
         links = []
         for i, t in enumerate(topics):  # a topic keyword links to the chunks whose text holds it
             held = set(texts[i].split())
@@ -229,6 +232,11 @@ def ensure_index(n: int) -> Path:
     home = bench_home(n)
     if (home / "synthetic.json").exists():
         print(f"cached synthetic index: {home}")
+        settings = Settings(home=home)
+        store = VectorStore(settings.lance_uri)
+        if li.rows_without_terms(store.db.open_table(CHUNKS)):  # cached before search_text: what an ingest does
+            print("  bringing its full-text index up to search_text (once)", flush=True)
+            print(f"  {li.refresh(store, settings.index_dir / 'corpus')}", flush=True)
         return home
     print(f"building the synthetic index of {n} chunks in {home} (once; cached)", flush=True)
     report = build(n, home)
