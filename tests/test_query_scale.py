@@ -619,7 +619,8 @@ def test_a_pq_index_is_probed_by_its_own_size_and_refined_to_exact_distances(tmp
     exact = 1.0 - vectors @ (query / np.linalg.norm(query))
 
     def nearest(p):
-        found = p.apply(table.search(query).distance_type("cosine").limit(10)).select(["row", "_distance"]).to_arrow()
+        found = p.apply(table.search(query).distance_type("cosine").limit(10), 10).select(["row", "_distance"]) \
+            .to_arrow()
         return found.column("row").to_numpy(), found.column("_distance").to_numpy()
 
     rows, distances = nearest(probe)

@@ -269,7 +269,8 @@ class LanceSearch:
         if top:
             batch = [v.astype(np.float32) for v in vectors]
             near = self.keyword_probe.apply(self.keywords.search(batch if len(batch) > 1 else batch[0])
-                                            .distance_type("cosine").limit(top)).select(["keyword", "_distance"]) \
+                                            .distance_type("cosine").limit(top), top) \
+                .select(["keyword", "_distance"]) \
                 .to_arrow()
             keywords, distances = near.column("keyword").to_pylist(), near.column("_distance").to_pylist()
             which = near.column("query_index").to_pylist() if len(batch) > 1 else [0] * near.num_rows

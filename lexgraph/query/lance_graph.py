@@ -83,7 +83,7 @@ def _in(column: str, values: list) -> str:
 
 
 def _nearest(table, query_vector: np.ndarray, k: int, probe: li.AnnProbe) -> tuple[np.ndarray, np.ndarray]:
-    found = probe.apply(table.search(query_vector.astype(np.float32)).distance_type("cosine").limit(k)) \
+    found = probe.apply(table.search(query_vector.astype(np.float32)).distance_type("cosine").limit(k), k) \
         .select(["row", "_distance"]).to_arrow()
     return (found.column("row").to_numpy().astype(np.int64),
             (1.0 - found.column("_distance").to_numpy()).astype(np.float32))
