@@ -222,7 +222,7 @@ def fresh_process_add(args: argparse.Namespace) -> int:
     ratio = result.median_seconds / baseline.median_seconds
     verdict = "ok" if ratio <= GUARD_RATIO else "REGRESSION"
     print(f"add-guard chunks={args.fresh_chunks} baseline_chunks={args.guard_chunks} "
-          f"add_s={result.median_seconds:.1f} baseline_s={baseline.median_seconds:.1f} ratio={ratio:.2f} "
+          f"add_s={result.median_seconds:.2f} baseline_s={baseline.median_seconds:.2f} ratio={ratio:.2f} "
           f"limit={GUARD_RATIO:g} {verdict}", flush=True)
     return 0 if ratio <= GUARD_RATIO else 1
 

@@ -33,7 +33,9 @@ def test_fresh_add_is_timed_and_the_document_is_stored(tmp_path):
                       r"limit=3 (ok|REGRESSION)$", done.stdout, re.MULTILINE)
     assert guard, done.stdout + done.stderr
     add, baseline, ratio = (float(guard[i]) for i in (1, 2, 3))
-    assert ratio == pytest.approx(add / baseline, abs=0.01)
+    # the seconds are printed to 0.01 s, the ratio to 0.01: allow both roundings
+    slack = 0.005 / baseline * (1 + add / baseline) + 0.005
+    assert abs(ratio - add / baseline) <= slack, (ratio, add, baseline)
     assert done.returncode == (0 if guard[4] == "ok" else 1) and (guard[4] == "ok") == (ratio <= 3)
     assert "fresh-process add at 100 chunks:" in done.stdout.split("fresh-process add at 300 chunks:")[0]
     assert re.search(r"^fresh-process add at 300 chunks: \d+\.\d s$", done.stdout, re.MULTILINE), done.stdout
