@@ -14,6 +14,9 @@ for _variable in ("LEXGRAPH_LLM_BASE_URL", "LEXGRAPH_LLM_MODEL", "LEXGRAPH_LLM_A
     os.environ.pop(_variable, None)
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_CORPUS = ROOT / "sample" / "corpus"
+# A graph file a test opens itself ends as the backend under test wants (LEXGRAPH_GRAPH_BACKEND=ladybug runs the
+# suite on LadybugDB): a process loads one graph engine, so one `.kuzu` file would bind a whole worker to Kùzu.
+GRAPH_SUFFIX = ".lbug" if os.environ.get("LEXGRAPH_GRAPH_BACKEND", "").strip().lower() == "ladybug" else ".kuzu"
 
 # --- markers: the fast subset ---------------------------------------------------------------------------------
 # `make test-fast` runs `pytest -m "not slow"`. A test is slow when it builds an index or uses a Dagster instance

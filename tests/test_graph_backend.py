@@ -58,6 +58,7 @@ def test_a_process_opens_one_graph_database_and_says_so(tmp_path):
 
 
 def test_graph_backend_setting(monkeypatch, tmp_path):
+    monkeypatch.delenv("LEXGRAPH_GRAPH_BACKEND", raising=False)  # the default, whichever backend the suite runs on
     kuzu = Settings.from_env(home=tmp_path, graph_backend="kuzu")
     ladybug = Settings.from_env(home=tmp_path, graph_backend="ladybug")
     assert ladybug.index_version != kuzu.index_version and ladybug.graph_path.endswith("graph.lbug")

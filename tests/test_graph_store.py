@@ -7,6 +7,7 @@ import polars as pl
 import pytest
 
 from lexgraph.storage.graph_store import GraphBusyError, GraphStore, writer_lock
+from tests.conftest import GRAPH_SUFFIX
 
 
 def _lock_in_another_process(path, timeout: float) -> subprocess.CompletedProcess:
@@ -17,7 +18,7 @@ def _lock_in_another_process(path, timeout: float) -> subprocess.CompletedProces
 
 @pytest.mark.subprocess
 def test_second_writer_process_waits_then_gives_up(tmp_path):
-    path = tmp_path / "graph.kuzu"
+    path = tmp_path / f"graph{GRAPH_SUFFIX}"
     with writer_lock(path):
         held = _lock_in_another_process(path, 0.5)
     assert held.returncode != 0 and "locked by another writer" in held.stderr
@@ -26,9 +27,9 @@ def test_second_writer_process_waits_then_gives_up(tmp_path):
 
 
 def test_lock_in_same_process_times_out(tmp_path):
-    with writer_lock(tmp_path / "g.kuzu"):
+    with writer_lock(tmp_path / f"g{GRAPH_SUFFIX}"):
         with pytest.raises(GraphBusyError):
-            with writer_lock(tmp_path / "g.kuzu", timeout=0.3):
+            with writer_lock(tmp_path / f"g{GRAPH_SUFFIX}", timeout=0.3):
                 pass
 
 
@@ -39,7 +40,7 @@ def test_replace_documents_is_idempotent(tmp_path):
     chunks = pl.DataFrame({"chunk_id": ["d1-a", "d1-b"], "doc_id": ["d1", "d1"], "order": [0, 1],
                            "text": ["a", "b"], "char_start": [0, 2], "char_end": [1, 3], "heading_path": ["", ""],
                            "token_count": [1, 1]})
-    with GraphStore.writer(tmp_path / "g.kuzu") as graph:
+    with GraphStore.writer(tmp_path / f"g{GRAPH_SUFFIX}") as graph:
         for _ in range(2):
             graph.replace_documents(sources, chunks)
         counts = {t: graph.count(t) for t in ("Source", "Chunk", "PART_OF", "NEXT")}
@@ -65,7 +66,7 @@ def test_similarity_and_keyword_diffs_and_what_a_reload_takes_with_it(tmp_path):
                           "kind": ["semantic", "lexical", "semantic"], "weight": [0.9, 0.5, 0.4]})
     links = pl.DataFrame({"keyword": ["bergen", "kiel", "bergen"], "chunk_id": ["d1-a", "d1-b", "d2-a"],
                           "sentence_count": [1, 2, 1]})
-    with GraphStore.writer(tmp_path / "g.kuzu") as graph:
+    with GraphStore.writer(tmp_path / f"g{GRAPH_SUFFIX}") as graph:
         _two_documents(graph)
         graph.replace_similarity_edges(edges)
         graph.replace_keywords(pl.Series(["bergen", "kiel"]), links)
@@ -98,7 +99,7 @@ def _lock_is_free(path) -> bool:
 
 @pytest.mark.subprocess
 def test_a_session_shares_one_writer_holds_the_lock_to_its_end_and_leaves_the_writes_on_disk(tmp_path):
-    path = tmp_path / "g.kuzu"
+    path = tmp_path / f"g{GRAPH_SUFFIX}"
     with GraphStore.session(path):
         assert _lock_is_free(path)  # nothing written yet: no lock taken
         with GraphStore.writer(path) as first:
@@ -115,7 +116,7 @@ def test_a_session_shares_one_writer_holds_the_lock_to_its_end_and_leaves_the_wr
 
 @pytest.mark.subprocess
 def test_a_failed_write_in_a_session_closes_its_writer_and_the_next_block_opens_a_new_one(tmp_path):
-    path = tmp_path / "g.kuzu"
+    path = tmp_path / f"g{GRAPH_SUFFIX}"
     with GraphStore.session(path):
         with pytest.raises(RuntimeError):
             with GraphStore.writer(path) as first:
@@ -133,7 +134,7 @@ def test_edge_counts_leave_out_links_to_deleted_nodes_even_where_kuzus_own_count
     import random
 
     rng = random.Random(2)
-    path = tmp_path / "g.kuzu"
+    path = tmp_path / f"g{GRAPH_SUFFIX}"
     chunks = pl.DataFrame({"id": [f"c{i}" for i in range(3000)], "doc_id": [f"d{i // 50}" for i in range(3000)]})
     keywords = [f"k{i}" for i in range(400)]
     links = pl.DataFrame({"keyword": [rng.choice(keywords) for _ in range(15000)],

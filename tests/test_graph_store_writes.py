@@ -5,6 +5,7 @@ from datetime import datetime, timezone
 import polars as pl
 
 from lexgraph.storage.graph_store import GraphStore
+from tests.conftest import GRAPH_SUFFIX
 
 AT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 EDGES = pl.DataFrame({"src": ["d1-a", "d1-a", "d1-b", "d1-a"], "dst": ["d1-b", "d2-a", "d2-a", "d1-b"],
@@ -26,7 +27,7 @@ def _documents(graph: GraphStore) -> None:
 
 
 def test_deletes_report_how_many_edges_went(tmp_path):
-    with GraphStore.writer(tmp_path / "g.kuzu") as graph:
+    with GraphStore.writer(tmp_path / f"g{GRAPH_SUFFIX}") as graph:
         _documents(graph)
         graph.add_similarity_edges(EDGES)
         graph.replace_keywords(pl.Series(["bergen", "kiel"]), LINKS)
@@ -47,7 +48,7 @@ def test_deletes_report_how_many_edges_went(tmp_path):
 
 
 def test_lexical_edge_deletes_take_only_the_edges_named(tmp_path):
-    with GraphStore.writer(tmp_path / "g.kuzu") as graph:
+    with GraphStore.writer(tmp_path / f"g{GRAPH_SUFFIX}") as graph:
         _documents(graph)
         graph.add_lexical_rows("Statement", pl.DataFrame(
             {"id": ["s1", "s2"], "doc_id": ["d1", "d1"], "chunk_id": ["d1-a", "d1-b"], "topic_id": ["t1", "t1"],
@@ -71,7 +72,7 @@ def test_a_delete_matched_from_a_few_source_nodes_takes_the_same_edges_as_one_ov
     left = {}
     for limit in (graph_store.MASKED_DELETE_SOURCES, 0):
         monkeypatch.setattr(graph_store, "MASKED_DELETE_SOURCES", limit)
-        with GraphStore.writer(tmp_path / f"g{limit}.kuzu") as graph:
+        with GraphStore.writer(tmp_path / f"g{limit}{GRAPH_SUFFIX}") as graph:
             _documents(graph)
             graph.add_similarity_edges(EDGES)
             assert graph.delete_similarity_edges(doomed) == 1  # only (d1-a, d1-b, lexical) is there

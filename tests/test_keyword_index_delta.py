@@ -18,6 +18,7 @@ from lexgraph.storage.extract_store import ExtractStore
 from lexgraph.storage.graph_store import GraphStore
 from lexgraph.storage.vector_store import VectorStore
 from tests.helpers import add_keyword_stats, crash_keyword_update, load_chunk_nodes
+from tests.conftest import GRAPH_SUFFIX
 
 DIM = 8
 WORDS = [f"word{i}" for i in range(40)]
@@ -253,7 +254,7 @@ def test_updated_rows_mark_keywords_that_go_and_refuse_bad_subtractions():
 
 def _keyword_stores(root: Path, store: ExtractStore, docs: int) -> tuple[GraphStore, VectorStore]:
     """A real Kùzu graph holding the documents' chunks, and a LanceDB folder."""
-    graph = GraphStore(root / "graph.kuzu", writable=True)
+    graph = GraphStore(root / f"graph{GRAPH_SUFFIX}", writable=True)
     chunk_ids = sorted({c for d in range(docs) for c in store.read("keywords", f"doc{d}")["chunk_id"].to_list()})
     load_chunk_nodes(graph, pl.DataFrame({"chunk_id": chunk_ids, "doc_id": [c.split("-")[0] for c in chunk_ids]}))
     return graph, VectorStore(str(root / "lance"))

@@ -8,6 +8,7 @@ import pytest
 from lexgraph.indexing import corpus_state, knn_state, knn_update
 from lexgraph.storage.graph_store import GraphStore
 from tests.helpers import clustered_corpus, load_chunk_nodes
+from tests.conftest import GRAPH_SUFFIX
 
 def similar(graph: GraphStore) -> list[tuple]:
     return sorted(graph.similarity_edges().iter_rows())
@@ -18,7 +19,7 @@ def add_in_steps(root, save: bool, fail_graph_write: bool = False):
     (save=True) do."""
     chunks, vectors, words = clustered_corpus(80, seed=11, doc_size=10, vocabulary=40)
     files = corpus_state.CorpusFiles(root / "corpus")
-    with GraphStore.writer(root / "g.kuzu") as graph:
+    with GraphStore.writer(root / f"g{GRAPH_SUFFIX}") as graph:
         load_chunk_nodes(graph, chunks)
         for n in (60, 80):
             result = knn_update.update_knn(files, chunks.head(n), vectors[:n], words, k=4, save=save)
@@ -54,7 +55,7 @@ def test_a_failed_graph_write_leaves_no_sync_record_and_the_next_update_writes_t
     saved, reason = knn_state.load_knn(files)
     assert reason == ""  # the state of the failed update was still saved whole
     chunks, vectors, words = clustered_corpus(80, seed=11, doc_size=10, vocabulary=40)
-    with GraphStore.writer(tmp_path / "g.kuzu") as graph:
+    with GraphStore.writer(tmp_path / f"g{GRAPH_SUFFIX}") as graph:
         result = knn_update.update_knn(files, chunks, vectors, words, k=4, save=False)
         figures = knn_update.write_similarity_edges(files, graph, result)
         assert figures["similar_edges_rewritten"] is True
