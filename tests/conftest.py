@@ -17,6 +17,14 @@ SAMPLE_CORPUS = ROOT / "sample" / "corpus"
 # A graph file a test opens itself ends as the backend under test wants (LEXGRAPH_GRAPH_BACKEND=ladybug runs the
 # suite on LadybugDB): a process loads one graph engine, so one `.kuzu` file would bind a whole worker to Kùzu.
 GRAPH_SUFFIX = ".lbug" if os.environ.get("LEXGRAPH_GRAPH_BACKEND", "").strip().lower() == "ladybug" else ".kuzu"
+# ... and it survives a test's clean environment, for the same reason.
+KEPT_VARIABLES = frozenset({"LEXGRAPH_GRAPH_BACKEND"})
+
+
+def cleared_variables(environ=None) -> list[str]:
+    """The LEXGRAPH_ and DAGSTER_ variables a test clears for a clean environment: all but KEPT_VARIABLES."""
+    environ = os.environ if environ is None else environ
+    return [k for k in environ if k.startswith(("LEXGRAPH_", "DAGSTER_")) and k not in KEPT_VARIABLES]
 
 # --- markers: the fast subset ---------------------------------------------------------------------------------
 # `make test-fast` runs `pytest -m "not slow"`. A test is slow when it builds an index or uses a Dagster instance

@@ -28,6 +28,7 @@ from lexgraph.storage.extract_store import ExtractStore
 from lexgraph.storage.graph_store import GraphStore
 from lexgraph.storage.vector_store import VectorStore
 from tests.helpers import crash_keyword_update
+from tests.conftest import cleared_variables
 
 FIXTURE_MARKS = {"baseline": ("ingest",), "clean_build": ("ingest",)}  # marks by fixture (tests/conftest.py)
 
@@ -124,7 +125,8 @@ def assert_same_stores(actual: dict, clean: dict) -> None:
 
 
 def _environment(home: Path, dagster_home: Path, crash_at: str | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LEXGRAPH_", "DAGSTER_"))}
+    cleared = set(cleared_variables())
+    env = {k: v for k, v in os.environ.items() if k not in cleared}
     env.update(LEXGRAPH_HOME=str(home), DAGSTER_HOME=str(dagster_home), HF_HUB_OFFLINE="1")
     if crash_at:
         env[faults.CRASH_ENV] = crash_at
@@ -143,7 +145,7 @@ def ingest_here(inbox: Path, home: Path, dagster_home: Path, monkeypatch, capsys
     from orchestration.cli import main
 
     with monkeypatch.context() as patch:
-        for key in [k for k in os.environ if k.startswith(("LEXGRAPH_", "DAGSTER_"))]:
+        for key in cleared_variables():
             patch.delenv(key)
         patch.setenv("LEXGRAPH_HOME", str(home))
         patch.setenv("DAGSTER_HOME", str(dagster_home))

@@ -13,6 +13,7 @@ from lexgraph.storage.extract_store import (VERIFIED_FILE, CorruptExtractError, 
                                             verify_extracts)
 from lexgraph.storage.vector_store import VectorStore
 from tests.test_crash_recovery import assert_same_stores, store_snapshot
+from tests.conftest import cleared_variables
 
 
 def _truncate(path: Path, keep: float = 0.6) -> None:
@@ -103,7 +104,7 @@ def _cli(home: Path, *args: str) -> tuple[int, str, str]:
     from orchestration.cli import main
 
     out, err = io.StringIO(), io.StringIO()
-    saved = {k: os.environ.pop(k) for k in [k for k in os.environ if k.startswith(("LEXGRAPH_", "DAGSTER_"))]}
+    saved = {k: os.environ.pop(k) for k in cleared_variables()}
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = main(["--home", str(home), "ingest", "--quiet", *args])

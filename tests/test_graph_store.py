@@ -150,7 +150,8 @@ def test_edge_counts_leave_out_links_to_deleted_nodes_even_where_kuzus_own_count
     gone = chunks.filter(pl.col("doc_id").is_in(["d1", "d2"]))["id"]
     left = links.filter(~pl.col("chunk_id").is_in(gone) & ~pl.col("keyword").is_in(keywords[:10])).height
     with GraphStore.writer(path) as graph:
-        assert graph._count("MATCH ()-[r:KEYWORD_IN]->() RETURN count(*)") > left  # Kùzu's own count is off
+        own = graph._count("MATCH ()-[r:KEYWORD_IN]->() RETURN count(*)")
+        assert own > left if GRAPH_SUFFIX == ".kuzu" else own == left  # Kùzu's own count is off; LadybugDB's is not
         assert graph.count("KEYWORD_IN") == left == sum(graph.keyword_links_per_document().values())
         assert graph.edge_count("KEYWORD_IN", "Keyword", "Chunk", where="a.id IN $ids",
                                 params={"ids": keywords[10:]}) == left

@@ -44,6 +44,7 @@ from orchestration.definitions import build_definitions
 from orchestration.reextraction import mark_handled, selection_reextraction
 from orchestration.runner import run_extractions
 from tests.llm_server import LLMTestServer, chunk_of
+from tests.conftest import cleared_variables
 
 FIXTURE_MARKS = {"heuristic_index": ("ingest",)}  # marks by fixture (tests/conftest.py)
 
@@ -428,7 +429,7 @@ def lexgraph_here(args: list[str], home: Path, dh: Path, server: LLMTestServer, 
     from orchestration.cli import main
 
     with monkeypatch.context() as patch:
-        for key in [k for k in os.environ if k.startswith(("LEXGRAPH_", "DAGSTER_"))]:
+        for key in cleared_variables():
             patch.delenv(key)
         for key, value in {"LEXGRAPH_HOME": str(home), "DAGSTER_HOME": str(dh), **llm_environment(server)}.items():
             patch.setenv(key, value)

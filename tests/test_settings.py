@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 
 from lexgraph.settings import Settings, SettingsError
-from tests.conftest import ROOT
+from tests.conftest import KEPT_VARIABLES, ROOT
 
 LEXGRAPH = Path(sys.executable).parent / "lexgraph"
 
@@ -164,7 +164,7 @@ def test_ingest_status_and_search_use_one_index(tiny_corpus, tmp_path, monkeypat
     value = {"LEXGRAPH_CHUNK_TOKENS": "150", "LEXGRAPH_COLLECTION": "other",
              "LEXGRAPH_EMBED_MODEL": str(bundled_model_copy(tmp_path))}[variable]
     home = tmp_path / "home"
-    for name in Settings.ENV.values():
+    for name in set(Settings.ENV.values()) - KEPT_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("LEXGRAPH_HOME", str(home))
     monkeypatch.setenv(variable, value)
