@@ -8,7 +8,7 @@ export LEXGRAPH_HOME ?= $(CURDIR)/.lexgraph
 export HF_HUB_OFFLINE := 1
 SHARED ?= ../shared
 
-.PHONY: install bytecode demo test test-fast dev dev-prod bench bench-musique bench-router bench-ingest bench-scale bench-incremental bench-extraction bench-extraction-cost bench-build-ratio bench-graph-backend bench-serve bench-sensor bench-embedder bench-query-scale bench-generalize clean
+.PHONY: install bytecode demo test test-fast dev dev-prod bench bench-musique bench-router bench-ingest bench-scale bench-incremental bench-extraction bench-extraction-cost bench-build-ratio bench-graph-backend bench-serve bench-sensor bench-embedder bench-query-scale bench-generalize bench-combined clean
 
 # torch is installed first and pinned: the local CPU build; an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -102,9 +102,11 @@ bench-build-ratio: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_build_ratio --ref $(REF) --repeats $(REPEATS) --corpus $(SHARED)/datasets/lihua-world/LiHuaWorld.zip
 
 # the same full LiHua-World ingest on Kùzu and on LadybugDB (LEXGRAPH_GRAPH_BACKEND=ladybug), alternating, as a
-# ratio, with each graph's open-and-lock time
+# ratio, with each graph's open-and-lock time; then the SIMILAR diff of one added document written into a
+# 100,000-chunk graph on each, alternating, as a ratio (graphs built once, cached under .lexgraph/bench/similar-diff-*)
 bench-graph-backend: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_build_ratio --variant LEXGRAPH_GRAPH_BACKEND=ladybug --corpus $(SHARED)/datasets/lihua-world/LiHuaWorld.zip
+	$(BIN)/python -m benchmarks.bench_similar_diff --chunks 100000 --repeats 3
 
 # what LLM extraction costs by β, adding one document, and offline extraction against embedding throughput
 # (issue 8), with the synthetic test LLM on LiHua-World
@@ -115,6 +117,10 @@ bench-extraction-cost: $(STAMP)
 # leave-one-corpus-out and 5-fold, the sample's paraphrases and unanswerable questions (docs/BENCHMARKS.md)
 bench-generalize: bytecode
 	$(BIN)/python -m benchmarks.bench_generalize --shared $(SHARED)
+
+# the four dev corpora in one cached index, each corpus's recall on both query backends against alone (ALONE="memory=R.json lance=R.json ...")
+bench-combined: bytecode
+	$(BIN)/python -m benchmarks.bench_combined --shared $(SHARED) $(foreach r,$(ALONE),--alone $(r))
 
 # needs the LiHua-World index that `make bench` caches; serves it read-only
 bench-serve: $(STAMP)
