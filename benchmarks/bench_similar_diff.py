@@ -40,6 +40,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from lexgraph.cli import _positive_int  # the CLI's own check: at least 1, a clear message
+
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".lexgraph" / "bench"
 BACKENDS = ("kuzu", "ladybug")
@@ -239,6 +241,17 @@ def _graph_name() -> str:
     return Path(Settings.from_env().graph_path).name
 
 
+def _similar_and_chunks(path) -> tuple[int, int]:
+    """SIMILAR edges and Chunk nodes of the graph at `path`, read with a reader that is closed again."""
+    from lexgraph.storage.graph_store import GraphStore
+
+    graph = GraphStore(path)
+    try:
+        return graph.count("SIMILAR"), graph.count("Chunk")
+    finally:
+        graph.close()
+
+
 def build_graph(args: argparse.Namespace) -> dict:
     """The backend's graph with the N chunks and the SIMILAR edges before the add, through GraphStore (cached)."""
     import polars as pl
@@ -269,11 +282,7 @@ def build_graph(args: argparse.Namespace) -> dict:
         close_started = time.perf_counter()
     close_s = time.perf_counter() - close_started
     build_s = time.perf_counter() - started
-    graph = GraphStore(path)
-    try:
-        counted, chunk_nodes = graph.count("SIMILAR"), graph.count("Chunk")
-    finally:
-        graph.close()
+    counted, chunk_nodes = _similar_and_chunks(path)
     if counted != edges.height or chunk_nodes != args.chunks:
         raise SystemExit(f"built graph holds {counted} SIMILAR edges and {chunk_nodes} chunks, "
                          f"not {edges.height} and {args.chunks}")
@@ -335,11 +344,7 @@ def measure(args: argparse.Namespace) -> dict:
         nodes_started = time.perf_counter()
         graph.replace_documents(_source_rows(new), new)
     nodes_s = time.perf_counter() - nodes_started
-    reader = GraphStore(path)
-    try:
-        edges_before, chunks_before = reader.count("SIMILAR"), reader.count("Chunk")
-    finally:
-        reader.close()
+    edges_before, chunks_before = _similar_and_chunks(path)
 
     # the corpus run's chunk_knn_graph write: the diff, then the writer closed
     started = time.perf_counter()
@@ -394,16 +399,6 @@ def _child(args: argparse.Namespace, step: str, backend: str | None = None) -> d
     return json.loads(lines[-1])
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def _diff_size(text: str) -> tuple[int, int] | None:
     if text == "full":
         return None
@@ -418,10 +413,10 @@ def _diff_size(text: str) -> tuple[int, int] | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--chunks", type=_positive, default=100_000, help="chunks in the graph before the add")
-    parser.add_argument("--repeats", type=_positive, default=3, help="timed adds per backend (median)")
-    parser.add_argument("--doc-chunks", type=_positive, default=DOC_CHUNKS, help="chunks per document of the graph")
-    parser.add_argument("--new-chunks", type=_positive, default=NEW_CHUNKS, help="chunks of the added document")
+    parser.add_argument("--chunks", type=_positive_int, default=100_000, help="chunks in the graph before the add")
+    parser.add_argument("--repeats", type=_positive_int, default=3, help="timed adds per backend (median)")
+    parser.add_argument("--doc-chunks", type=_positive_int, default=DOC_CHUNKS, help="chunks per document of the graph")
+    parser.add_argument("--new-chunks", type=_positive_int, default=NEW_CHUNKS, help="chunks of the added document")
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--diff-size", type=_diff_size, default=DIFF_SIZE,
                         help="SIMILAR rows deleted,copied: a sample of the KNN diff that size (e.g. 350,900), or "
