@@ -207,7 +207,7 @@ class EntityIds:
 
 def entity_ids_of_rows(frame: pl.DataFrame, senses: Mapping[str, Split] | None = None) -> pl.Series:
     """The resolved entity id of each entity row (null for a name without a letter or digit)."""
-    names = frame.get_column("entity_name").fill_null("")
+    names = frame.get_column("entity_name").fill_null("").rechunk()  # replace_strict maps each chunk anew
     keys = {name: normalise_entity_name(name) for name in names.unique().to_list()}
     ids = names.replace_strict({name: entity_id_of_key(key) if key else None for name, key in keys.items()},
                                return_dtype=pl.String).alias("entity_id")

@@ -46,7 +46,7 @@ def keyed_rows(tables: dict[str, pl.DataFrame]) -> dict[str, pl.DataFrame]:
     fact's key, a relation's unordered pair of entity ids (null where resolution drops the row)."""
     from lexgraph.indexing.name_keys import entity_id_of_key, fact_key, normalise_entity_name
 
-    entities, facts, relations = tables[ENTITIES], tables[FACTS], tables[RELATIONS]
+    entities, facts, relations = (tables[t].rechunk() for t in (ENTITIES, FACTS, RELATIONS))  # see concat_tables
     names = set(entities["entity_name"].drop_nulls().to_list())
     names |= set(relations["source"].drop_nulls().to_list()) | set(relations["target"].drop_nulls().to_list())
     keys = {name: normalise_entity_name(name) or None for name in names}
@@ -173,7 +173,9 @@ def concat_tables(parts: list[dict[str, pl.DataFrame]]) -> dict[str, pl.DataFram
     for stage in tables:
         frames = [p[stage] for p in parts if p[stage].height]
         if frames:
-            tables[stage] = pl.concat(frames, how="diagonal_relaxed").select(list(COLUMNS[stage]))
+            # one chunk, not one per document: polars' replace_strict builds its mapping once per chunk, which
+            # at 3,364 documents took 40 s and 16 GB in keyed_rows (the combined dev corpora's rebuild)
+            tables[stage] = pl.concat(frames, how="diagonal_relaxed", rechunk=True).select(list(COLUMNS[stage]))
     return tables
 
 

@@ -118,7 +118,7 @@ def _extract_table(extract: ExtractStore, stage: str, columns: list[str], chunks
 
 def _entity_ids(names: pl.Series) -> pl.Series:
     """Resolved entity ids of extracted names (None for a name with no letter or digit)."""
-    names = names.fill_null("")
+    names = names.fill_null("").rechunk()  # replace_strict builds its mapping once per chunk
     mapping = {}
     for name in names.unique().to_list():
         mapping[name] = entity_id(name) if name and normalise_entity_name(name) else None
