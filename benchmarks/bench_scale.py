@@ -202,9 +202,19 @@ def print_report(rows: list[dict[str, object]]) -> None:
 GUARD_RATIO = 3.0
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
 def fresh_process_add(args: argparse.Namespace) -> int:
     """The fresh-process add at --fresh-chunks, and (unless --no-guard) at --guard-chunks as its baseline in the
-    same command; 1 when the add costs more than GUARD_RATIO × the baseline's."""
+    same command; 1 when the add costs more than --guard-limit (GUARD_RATIO) × the baseline's."""
     from benchmarks import fresh_add
     from benchmarks.synthetic_index import CorpusSpec
 
@@ -220,11 +230,11 @@ def fresh_process_add(args: argparse.Namespace) -> int:
     if baseline is None:
         return 0
     ratio = result.median_seconds / baseline.median_seconds
-    verdict = "ok" if ratio <= GUARD_RATIO else "REGRESSION"
+    verdict = "ok" if ratio <= args.guard_limit else "REGRESSION"
     print(f"add-guard chunks={args.fresh_chunks} baseline_chunks={args.guard_chunks} "
           f"add_s={result.median_seconds:.2f} baseline_s={baseline.median_seconds:.2f} ratio={ratio:.2f} "
-          f"limit={GUARD_RATIO:g} {verdict}", flush=True)
-    return 0 if ratio <= GUARD_RATIO else 1
+          f"limit={args.guard_limit:g} {verdict}", flush=True)
+    return 0 if ratio <= args.guard_limit else 1
 
 
 def main() -> int:
@@ -244,7 +254,9 @@ def main() -> int:
     fresh.add_argument("--no-fresh", action="store_true", help="skip the fresh-process add")
     fresh.add_argument("--no-breakdown", action="store_true", help="skip the untimed repeat that gives step timings")
     fresh.add_argument("--guard-chunks", type=_positive_int, default=1_000,
-                       help=f"the guard's baseline index: the add must cost at most {GUARD_RATIO:g}× the add here")
+                       help="the guard's baseline index: the add must cost at most --guard-limit × the add here")
+    fresh.add_argument("--guard-limit", type=_positive_float, default=GUARD_RATIO,
+                       help=f"the largest ratio of the add to the baseline's that passes (default {GUARD_RATIO:g})")
     fresh.add_argument("--no-guard", action="store_true", help="skip the baseline add and the guard")
     args = parser.parse_args()
     if args.fresh_only and args.no_fresh:

@@ -58,6 +58,14 @@ def test_fresh_add_is_timed_and_the_document_is_stored(tmp_path):
         graph.close()
     assert nodes == NEW_CHUNKS
     assert similar > 0  # the corpus update linked it into the KNN graph
+    # the verdict follows the limit: the same adds (indexes cached now) fail a limit no add meets, pass a loose one
+    for limit, verdict, code in (("0.01", "REGRESSION", 1), ("1000", "ok", 0)):
+        again = _bench("--fresh-chunks", str(SPEC.chunks), "--fresh-doc-chunks", str(SPEC.doc_chunks),
+                       "--fresh-new-chunks", str(NEW_CHUNKS), "--fresh-repeats", "1", "--no-breakdown",
+                       "--fresh-cache", str(tmp_path), "--guard-chunks", "100", "--guard-limit", limit)
+        assert re.search(rf"^add-guard chunks=300 baseline_chunks=100 .* limit={limit} {verdict}$", again.stdout,
+                         re.MULTILINE), again.stdout + again.stderr
+        assert again.returncode == code, again.stderr
     # the pristine cached index was not touched by the add
     pristine = Settings.from_env(home=SyntheticIndex.under(SPEC, tmp_path).home)
     assert VectorStore(pristine.lance_uri).count("chunks") == SPEC.chunks
@@ -71,6 +79,8 @@ def test_fresh_add_is_timed_and_the_document_is_stored(tmp_path):
     (["--fresh-repeats", "-2"], "argument --fresh-repeats: must be at least 1, got -2"),
     (["--fresh-doc-chunks", "ten"], "argument --fresh-doc-chunks: expected a whole number, got 'ten'"),
     (["--no-fresh"], "--fresh-only and --no-fresh exclude each other"),
+    (["--guard-limit", "0"], "argument --guard-limit: must be a positive number, got 0"),
+    (["--guard-limit", "three"], "argument --guard-limit: expected a number, got 'three'"),
 ])
 def test_bad_arguments_exit_2_with_a_message(args, message):
     done = _bench(*args)

@@ -1,5 +1,7 @@
 """bench_similar_diff at 2,000 chunks on both graph backends: one line per backend that parses, SIMILAR counts
-after the diff equal to what the diff implies (checked in each child against the KNN graph too), exit code 0."""
+after the diff equal to what the diff implies (checked in each child against the KNN graph too), exit code 0;
+and exit 1, with the problem named, when the cached graph no longer holds the KNN graph's edges."""
+import os
 import re
 import subprocess
 import sys
@@ -46,3 +48,17 @@ def test_similar_diff_on_both_backends_adds_up(tmp_path):
     edges, deleted, added, after = (int(full[i]) for i in (1, 2, 3, 4))
     assert after == edges - deleted + added and added > deleted  # the new document's 30 chunks are linked in
     assert "ratio" not in again.stdout
+
+    # the cached graph loses edges the KNN graph has: the diff cannot leave the KNN graph's edges, and the run says so
+    cached = tmp_path / "similar-diff-kuzu-2000" / "graph.kuzu"
+    damage = ("import sys; from lexgraph.storage.graph_store import GraphStore\n"
+              "with GraphStore.writer(sys.argv[1]) as graph:\n"
+              "    graph.conn.execute('MATCH (:Chunk)-[r:SIMILAR]->(:Chunk) WITH r LIMIT 25 DELETE r')\n")
+    subprocess.run([sys.executable, "-c", damage, str(cached)], cwd=ROOT, check=True, timeout=120,
+                   env={**os.environ, "LEXGRAPH_GRAPH_BACKEND": "kuzu"})
+    broken = subprocess.run([sys.executable, "-m", "benchmarks.bench_similar_diff", "--chunks", "2000",
+                             "--repeats", "1", "--backends", "kuzu", "--diff-size", "full", "--cache", str(tmp_path)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert broken.returncode == 1, broken.stdout + broken.stderr
+    assert re.search(r"^PROBLEM kuzu: (SIMILAR edges: \d+ before|the diff did not leave)", broken.stdout,
+                     re.MULTILINE), broken.stdout
