@@ -174,7 +174,7 @@ def concat_tables(parts: list[dict[str, pl.DataFrame]]) -> dict[str, pl.DataFram
         frames = [p[stage] for p in parts if p[stage].height]
         if frames:
             # one chunk, not one per document: polars' replace_strict builds its mapping once per chunk, which
-            # at 3,364 documents took 40 s and 16 GB in keyed_rows (the combined dev corpora's rebuild)
+            # at 3,327 documents took 40 s and 16 GB in keyed_rows (the combined dev corpora's rebuild)
             tables[stage] = pl.concat(frames, how="diagonal_relaxed", rechunk=True).select(list(COLUMNS[stage]))
     return tables
 
