@@ -56,7 +56,7 @@ def lance_home(tmp_path_factory, sample_home):
     assert result.success
     metadata = result.asset_materializations_for_node("search_indexes")[0].metadata
     assert metadata["decision"].value == "build" and metadata["unindexed_rows"].value == 0
-    assert result.asset_materializations_for_node("graph_tables")[0].metadata["decision"].value == "written"
+    assert result.asset_materializations_for_node("graph_tables")[0].metadata["decision"].value == "written whole"
     return home
 
 
@@ -502,6 +502,34 @@ def test_an_index_from_before_the_graph_tables_is_brought_up_by_the_corpus_job(l
     assert QueryService(settings, use_llm=False).ask(QUESTIONS[2], route="graph")["route"] == "semantic"
     result = run_corpus_steps(build_definitions(settings), instance, solo_steps(stale))
     assert result.success and files.stale_steps(catalog, settings) == []
+    assert QueryService(settings, use_llm=False).ask(QUESTIONS[2], route="graph")["route"] == "graph"
+
+
+def test_graph_tables_of_an_older_format_say_so_and_are_written_again_by_the_corpus_job(lance_home, tmp_path,
+                                                                                         monkeypatch, instance):
+    """Tables written before the current format (2: idf columns, no mention or relation rows): the query says what
+    to run, the graph_tables step alone is out of step, and it writes them whole."""
+    import json
+
+    from lexgraph.indexing.corpus_state import solo_steps
+    from lexgraph.query.lance_graph import load_lance_graph
+    from orchestration.definitions import build_definitions
+    from orchestration.runner import run_corpus_steps
+
+    monkeypatch.setenv("LEXGRAPH_LANCE_THRESHOLD", "1")
+    home = tmp_path / "format2"
+    shutil.copytree(lance_home, home)
+    settings = Settings.from_env(home=home)
+    files = LexIndex(settings).corpus_files
+    files.graph_tables.write_text(json.dumps({**json.loads(files.graph_tables.read_text()), "format": 2}))
+    graph, why = load_lance_graph(VectorStore(settings.lance_uri), files, LanceParams())
+    assert graph is None and "older format" in why and "lexgraph ingest" in why
+    catalog = VectorStore(settings.lance_uri).indexed_hashes()
+    assert files.stale_steps(catalog, settings) == ["graph_tables"]
+    result = run_corpus_steps(build_definitions(settings), instance, solo_steps(["graph_tables"]))
+    assert result.success and files.stale_steps(catalog, settings) == []
+    metadata = result.asset_materializations_for_node("graph_tables")[0].metadata
+    assert metadata["decision"].value == "written whole" and "format" in metadata["why_whole"].value
     assert QueryService(settings, use_llm=False).ask(QUESTIONS[2], route="graph")["route"] == "graph"
 
 

@@ -34,7 +34,7 @@ SEARCH_INDEXES = "search_indexes"
 # The lexical graph as LanceDB tables for the lance query backend (lexgraph.query.lance_graph_tables); it follows
 # the lexical graph and the search settings.
 GRAPH_TABLES = "graph_tables"
-GRAPH_TABLES_FORMAT = 2  # the tables' layout: tables of another format are rewritten by the next corpus run
+GRAPH_TABLES_FORMAT = 3  # the tables' layout: tables of another format are rewritten by the next corpus run
 # Steps nothing else reads: when only they are out of step, they run alone (not the whole corpus job).
 SOLO_STEPS = (SEARCH_INDEXES, LEXICAL_GRAPH, GRAPH_TABLES)
 LEXICAL_TABLES = (STATEMENTS, TOPICS, FACTS, ENTITIES, RELATIONS)
@@ -93,6 +93,7 @@ class CorpusFiles:
         self.entity_merges = self.root / "entity_merges.parquet"  # every surface form folded into an entity, and why
         self.reextracted = self.root / "reextracted.json"  # the selection diff whose re-extraction is done
         self.lexical_inputs = self.root / "lexical_inputs.json"  # the lexical tables the lexical graph was built from
+        self.lexical_changes = self.root / "lexical_changes.json"  # the documents the last lexical build rewrote
         self.lexical_state = self.root / "lexical_state"  # what the lexical graph's diff needs (lexical_diff)
 
     def ann_index(self, generation: str) -> Path:

@@ -18,6 +18,7 @@ from typing import Callable
 import numpy as np
 import polars as pl
 
+from lexgraph.atomic_json import write_json
 from lexgraph.indexing import corpus_keywords, corpus_prefetch, corpus_skeleton, knn_state, knn_update, lexical
 from lexgraph.indexing.corpus_state import LEXICAL_GRAPH, SEARCH_INDEXES, CorpusFiles, catalog_digest
 from lexgraph.indexing.skeleton import skeleton_size
@@ -206,6 +207,10 @@ def update_lexical_graph(files: CorpusFiles, store, vectors, open_writer: OpenWr
                         + ", ".join(result.missing[:10]))
     if result.damaged:  # those documents keep what they had (or stay out); every run names the files
         errors.append("damaged lexical tables, not read: " + "; ".join(result.damaged.values()))
+    # what graph_tables needs to follow by difference: the documents this build rewrote, from which inputs to which
+    write_json(files.lexical_changes, {"from": files.recorded_lexical_inputs(), "to": inputs, "mode": result.mode,
+                                       "documents": sorted({d for docs in result.changes.values() for d in docs}),
+                                       "entities": result.entity_changes})
     files.record_lexical_inputs(inputs)
     files.record_built(LEXICAL_GRAPH, digest, settings)
     outcome = StepOutcome(

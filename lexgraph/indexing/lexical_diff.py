@@ -411,6 +411,8 @@ def _update_entity_vectors(state: LexicalState, entity_diff: tuple, entities: pl
                            run_id: str) -> None:
     """Only the entities whose row changed are written; the whole table when its rows do not add up."""
     gone, new, updated = entity_diff
+    result.entity_changes = {kind: frame["id"].to_list() for kind, frame in (("gone", gone), ("new", new),
+                                                                            ("updated", updated))}
     written = None
     if vectors.count(lexical_tables.ENTITY_VECTORS) == state.frames["Entity"].height:
         written = lexical_tables.upsert_entity_vectors(pl.concat([new, updated]), gone["id"].to_list(), entities.height,

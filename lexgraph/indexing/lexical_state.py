@@ -204,3 +204,14 @@ def splice_frames(old: dict, touched: dict, entity_ids: set, fact_ids: set, pair
         "merges": swap(old["merges"], within("entity_id", entity_ids), touched["merges"])
         .sort("entity_id", "surface_form", "reason"),
     }
+
+
+def saved_rows(root: Path | None, table: str) -> pl.DataFrame | None:
+    """One table of every document's keyed rows (ROW_TABLES) as last saved, when the stores hold that state."""
+    marker = _read_marker(Path(root)) if root is not None else {}
+    if marker.get("format") != STATE_FORMAT or not marker.get("synced"):
+        return None
+    try:
+        return _read_frame(Path(root) / str(marker.get("generation")), f"rows_{table}")
+    except (Exception, pl.exceptions.PanicException):  # noqa: BLE001 - torn or garbage: the caller rewrites whole
+        return None

@@ -68,6 +68,7 @@ class LexicalGraphResult:
     written: dict[str, dict[str, int]] = field(default_factory=dict)  # table -> rows added, removed, updated
     statement_vectors: str = ""  # how the stored statement vectors were known: "saved signatures" or "scanned"
     entity_vectors: str = ""  # "upserted" (changed rows only) or "replaced" (the whole table)
+    entity_changes: dict[str, list[str]] = field(default_factory=dict)  # a diff's gone / new / updated entity ids
     damaged: dict[str, str] = field(default_factory=dict)  # doc_id -> damaged lexical table and its problem
     merges_frame: pl.DataFrame = field(default_factory=pl.DataFrame, repr=False)
     ledger_rows: list[dict] = field(default_factory=list, repr=False)  # embedding calls, recorded by the caller

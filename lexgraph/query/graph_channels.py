@@ -60,7 +60,7 @@ from lexgraph.extract.keywords import STOPWORDS
 from lexgraph.query.retrieval_types import (EntityGraph, LexicalGraph, RetrievalIndex, RetrievalParams,
                                             StatementGraph)
 from lexgraph.storage.extract_store import CorruptExtractError, ExtractStore
-from lexgraph.storage.vector_store import ENTITIES, STATEMENTS, VectorStore
+from lexgraph.storage.vector_store import ENTITIES, STATEMENTS, VectorStore, _in_list
 
 # Words of a query looked at for verbatim entity names: a hostile 100 kB query stays cheap.
 MAX_QUERY_WORDS = 512
@@ -93,20 +93,31 @@ def _unit(matrix: np.ndarray) -> np.ndarray:
     return matrix / np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
 
 
-def _vector_table(store: VectorStore, name: str, columns: list[str]) -> tuple[pl.DataFrame, np.ndarray] | None:
+def _vector_table(store: VectorStore, name: str, columns: list[str],
+                  where: str | None = None) -> tuple[pl.DataFrame, np.ndarray] | None:
     if name not in store.table_names():
         return None
-    table = store.db.open_table(name).to_arrow()
+    table = store.db.open_table(name)
+    if where is not None and "vector" in table.schema.names and all(c in table.schema.names for c in columns):
+        table = table.search().where(where).select([*columns, "vector"]).limit(None).to_arrow()
+    else:
+        table = table.to_arrow()
     if table.num_rows == 0 or "vector" not in table.schema.names or any(c not in table.schema.names for c in columns):
         return None
     vectors = table.column("vector").combine_chunks().values.to_numpy().reshape(table.num_rows, -1)
     return pl.from_arrow(table.select(columns)), _unit(np.asarray(vectors, dtype=np.float32))
 
 
-def _extract_table(extract: ExtractStore, stage: str, columns: list[str], chunks: list[str]) -> pl.DataFrame | None:
-    """All documents' rows of one lexical stage for the indexed chunks (None without any, or when a file is damaged:
-    the channels then do without it rather than fail every query)."""
+def _extract_table(extract: ExtractStore, stage: str, columns: list[str], chunks: list[str],
+                   doc_ids: list[str] | None = None) -> pl.DataFrame | None:
+    """All documents' rows (or these documents') of one lexical stage for the indexed chunks (None without any,
+    or when a file is damaged: the channels then do without it rather than fail every query)."""
     try:
+        if doc_ids is not None:
+            parts = [extract.read(stage, d, lambda scan: scan.select(columns)) for d in doc_ids if extract.exists(stage, d)]
+            if not parts:
+                return None
+            return pl.concat(parts, how="vertical_relaxed").filter(pl.col("chunk_id").is_in(chunks))
         scan = extract.scan(stage)
         if scan is None:
             return None
@@ -137,20 +148,67 @@ def _ids_in_chunk(frame: pl.DataFrame, column: str, mentions: pl.DataFrame | Non
     return joined["_typed"].fill_null(plain).alias(plain.name)
 
 
-def load_lexical_graph(store: VectorStore, extract: ExtractStore, position: dict[str, int]) -> LexicalGraph:
-    """Read the lexical graph's vectors (LanceDB) and links (Extract-store Parquet) for the indexed chunks."""
+def load_lexical_graph(store: VectorStore, extract: ExtractStore, position: dict[str, int],
+                       rows: dict | None = None) -> LexicalGraph:
+    """Read the lexical graph's vectors (LanceDB) and links (Extract-store Parquet) for the indexed chunks.
+    rows: a dict given is filled with the rows the entity graph was made from, "mentions" (resolved_mentions of
+    the known entities) and "relations" (relation_rows), for the graph tables."""
     chunks = list(position)
-    mentions = _extract_table(extract, "entities", ["entity_name", "entity_type", "chunk_id"], chunks)
-    if mentions is not None:
-        mentions = mentions.unique()
-        mentions = mentions.with_columns(entity_ids_of_rows(mentions)).drop_nulls("entity_id")
+    mentions = resolved_mentions(_extract_table(extract, "entities", MENTION_COLUMNS, chunks))
     statements = _load_statements(store, extract, position, mentions)
-    return LexicalGraph(statements, _load_entities(store, extract, position, mentions),
+    return LexicalGraph(statements, _load_entities(store, extract, position, mentions, rows),
                         bridge_pair_share(statements, len(position)))
 
 
+MENTION_COLUMNS = ["entity_name", "entity_type", "chunk_id"]
+RELATION_COLUMNS = ["source", "target", "strength", "chunk_id"]
+
+
+def resolved_mentions(mentions: pl.DataFrame | None, senses=None) -> pl.DataFrame | None:
+    """Entity rows (MENTION_COLUMNS), each once, with their resolved ``entity_id`` (rows without one dropped).
+    senses: the names split by type (entity_resolution.entity_senses), from these rows when not given; rows of a
+    few documents need every document's rows of their names' senses."""
+    if mentions is None:
+        return None
+    mentions = mentions.unique()
+    return mentions.with_columns(entity_ids_of_rows(mentions, senses)).drop_nulls("entity_id")
+
+
+def relation_rows(relations: pl.DataFrame | None, mentions: pl.DataFrame | None, ids) -> pl.DataFrame:
+    """Relations between two different known entities (``ids``): a, b (entity ids), weight (the strength clipped
+    at 0, + 1e-3), chunk_id. Each relation's names resolve as its chunk's entity rows of them did."""
+    empty = pl.DataFrame(schema={"a": pl.Utf8, "b": pl.Utf8, "weight": pl.Float64, "chunk_id": pl.Utf8})
+    if relations is None or not relations.height:
+        return empty
+    relations = relations.with_columns(_ids_in_chunk(relations, "source", mentions).alias("a"),
+                                       _ids_in_chunk(relations, "target", mentions).alias("b"))
+    relations = relations.filter(pl.col("a").is_not_null() & pl.col("b").is_not_null() & (pl.col("a") != pl.col("b")))
+    if ids is not None:  # None: every resolved entity (the caller checks them)
+        known = list(ids)
+        relations = relations.filter(pl.col("a").is_in(known) & pl.col("b").is_in(known))
+    return relations.select("a", "b", (pl.col("strength").fill_null(0.0).cast(pl.Float64).clip(0, None) + 1e-3)
+                            .alias("weight"), "chunk_id")
+
+
+def name_key(name: str | None) -> str | None:
+    """The compact key a name is looked up by (None for one too short or a stopword)."""
+    key = compact_key(name or "")
+    return key if len(key) > 1 and key not in STOPWORDS else None
+
+
+def best_names(candidates) -> dict[str, str]:
+    """(key, rank, entity id) candidates -> key: entity id. An entity's own name (rank 0) comes before a surface
+    form (rank 1), then the smallest id: the choice depends on no row order, so tables written by difference
+    choose as a whole rewrite does."""
+    best: dict[str, tuple[int, str]] = {}
+    for key, rank, entity in candidates:
+        if key is not None and (key not in best or (rank, entity) < best[key]):
+            best[key] = (rank, entity)
+    return {key: entity for key, (_, entity) in best.items()}
+
+
 def _load_entities(store: VectorStore, extract: ExtractStore, position: dict[str, int],
-                   mentions: pl.DataFrame | None) -> EntityGraph | None:
+                   mentions: pl.DataFrame | None, out: dict | None = None) -> EntityGraph | None:
     table = _vector_table(store, ENTITIES, ["entity_id", "name"])
     if table is None:
         return None
@@ -158,11 +216,7 @@ def _load_entities(store: VectorStore, extract: ExtractStore, position: dict[str
     ids, names = frame["entity_id"].to_list(), frame["name"].to_list()
     row_of = {e: i for i, e in enumerate(ids)}
     n, n_chunks = len(ids), len(position)
-    lookup: dict[str, int] = {}
-    for i, name in enumerate(names):
-        key = compact_key(name or "")
-        if len(key) > 1 and key not in STOPWORDS:
-            lookup.setdefault(key, i)
+    candidates = [(name_key(name), 0, entity) for entity, name in zip(ids, names)]
     if mentions is not None:
         rows = mentions.filter(pl.col("entity_id").is_in(ids))
         matrix = sp.csr_matrix((np.ones(rows.height), ([row_of[e] for e in rows["entity_id"].to_list()],
@@ -170,35 +224,53 @@ def _load_entities(store: VectorStore, extract: ExtractStore, position: dict[str
                                shape=(n, n_chunks))
         matrix.data[:] = 1.0
         # surface forms seen in the chunks also find their entity verbatim ("Kestrel Propulsion GmbH")
-        for name, entity in rows.select("entity_name", "entity_id").unique().iter_rows():
-            key = compact_key(name)
-            if len(key) > 1 and key not in STOPWORDS:
-                lookup.setdefault(key, row_of[entity])
+        candidates += [(name_key(name), 1, entity) for name, entity in rows.select("entity_name", "entity_id").unique().iter_rows()]
     else:
         matrix = sp.csr_matrix((n, n_chunks))
+    lookup = {key: row_of[entity] for key, entity in best_names(candidates).items()}
     df = np.asarray(matrix.sum(axis=1)).ravel()
-    idf = np.log(max(n_chunks, 1) / np.maximum(df, 1)) + 1.0
-    relations = _extract_table(extract, "relations", ["source", "target", "strength", "chunk_id"], list(position))
+    idf = entity_idf(df, n_chunks)
+    relations = relation_rows(_extract_table(extract, "relations", RELATION_COLUMNS, list(position)), mentions, ids)
     graph = sp.csr_matrix((n, n))
-    if relations is not None and relations.height:
-        relations = relations.with_columns(_ids_in_chunk(relations, "source", mentions).alias("a"),
-                                           _ids_in_chunk(relations, "target", mentions).alias("b"))
-        relations = relations.filter(pl.col("a").is_in(ids) & pl.col("b").is_in(ids) & (pl.col("a") != pl.col("b")))
-        if relations.height:
-            a = np.array([row_of[e] for e in relations["a"].to_list()])
-            b = np.array([row_of[e] for e in relations["b"].to_list()])
-            weight = np.clip(relations["strength"].fill_null(0.0).to_numpy().astype(float), 0, None) + 1e-3
-            graph = sp.csr_matrix((np.concatenate([weight, weight]), (np.concatenate([a, b]), np.concatenate([b, a]))),
-                                  shape=(n, n))
-            graph.sum_duplicates()
-            totals = np.asarray(graph.sum(axis=1)).ravel()
-            graph = sp.csr_matrix(sp.diags(1 / np.maximum(totals, 1e-12)) @ graph)
+    if relations.height:
+        a = np.array([row_of[e] for e in relations["a"].to_list()])
+        b = np.array([row_of[e] for e in relations["b"].to_list()])
+        graph = relation_shares(a, b, relations["weight"].to_numpy(), n)
+    if out is not None:
+        out.update(mentions=rows if mentions is not None else None, relations=relations)
     return EntityGraph(ids, names, vectors, lookup, matrix, graph, idf)
 
 
+def entity_idf(df: np.ndarray, n_chunks: int) -> np.ndarray:
+    """ln(chunks / chunks mentioning the entity) + 1 (an entity mentioned nowhere counts as mentioned once)."""
+    return np.log(max(n_chunks, 1) / np.maximum(np.asarray(df, dtype=np.float64), 1)) + 1.0
+
+
+def node_idf(df: np.ndarray, n_statements: int, df_min: float) -> np.ndarray:
+    """A bridging node's idf, ln(1 + statements / its statements), divided by the largest (that of the node with
+    the fewest statements, df_min)."""
+    top = math.log1p(n_statements / max(df_min, 1))
+    idf = np.log1p(n_statements / np.maximum(np.asarray(df, dtype=np.float64), 1))
+    return idf / top if top > 0 else idf
+
+
+def relation_shares(a: np.ndarray, b: np.ndarray, weight: np.ndarray, n: int) -> sp.csr_matrix:
+    """entities × entities: each relation both ways, summed per pair, each row as shares of its total."""
+    graph = sp.csr_matrix((np.concatenate([weight, weight]), (np.concatenate([a, b]), np.concatenate([b, a]))),
+                          shape=(n, n))
+    graph.sum_duplicates()
+    totals = np.asarray(graph.sum(axis=1)).ravel()
+    shares = sp.csr_matrix(sp.diags(1 / np.maximum(totals, 1e-12)) @ graph)
+    shares.sort_indices()  # neighbours by row, as the graph tables hold them (a tie in share goes by row)
+    return shares
+
+
 def _load_statements(store: VectorStore, extract: ExtractStore, position: dict[str, int],
-                     mentions: pl.DataFrame | None) -> StatementGraph | None:
-    table = _vector_table(store, STATEMENTS, ["statement_id", "chunk_id", "topic_id", "topic", "text"])
+                     mentions: pl.DataFrame | None, doc_ids: list[str] | None = None) -> StatementGraph | None:
+    """The statement graph over the chunks in `position` (of these documents only, when given: the statements,
+    their topics and bridging nodes; a node's idf then counts only them)."""
+    where = _in_list("doc_id", doc_ids) if doc_ids is not None else None
+    table = _vector_table(store, STATEMENTS, ["statement_id", "chunk_id", "topic_id", "topic", "text"], where)
     if table is None:
         return None
     frame, vectors = table
@@ -209,14 +281,15 @@ def _load_statements(store: VectorStore, extract: ExtractStore, position: dict[s
     frame = frame.with_row_index("row").with_columns(pl.col("text").fill_null(""), pl.col("topic").fill_null(""))
     n, n_chunks = frame.height, len(position)
     chunk_rows = np.array([position[c] for c in frame["chunk_id"].to_list()], dtype=np.int64)
-    _, topic = np.unique(np.array(frame["topic_id"].fill_null("").to_list(), dtype=object), return_inverse=True)
+    topic_ids, topic = np.unique(np.array(frame["topic_id"].fill_null("").to_list(), dtype=object), return_inverse=True)
     n_topics = int(topic.max()) + 1 if n else 0
     members = sp.csr_matrix((np.ones(n), (topic, np.arange(n))), shape=(n_topics, n))
     by_chunk = sp.csr_matrix((np.ones(n), (chunk_rows, np.arange(n))), shape=(n_chunks, n))
     # bridging nodes: the facts a statement supports, their subject and object entities, and the chunk's
     # entities named in the statement's text
     parts = []
-    facts = _extract_table(extract, "facts", ["fact_id", "statement_id", "subject", "object", "chunk_id"], list(position))
+    facts = _extract_table(extract, "facts", ["fact_id", "statement_id", "subject", "object", "chunk_id"], list(position),
+                           doc_ids)
     ids = frame.select("statement_id", "row")
     if facts is not None and facts.height:
         facts = facts.join(ids, on="statement_id")
@@ -236,11 +309,10 @@ def _load_statements(store: VectorStore, extract: ExtractStore, position: dict[s
                                                     [node_of[x] for x in links["node"].to_list()])),
                            shape=(n, len(node_ids)))
     df = np.asarray(matrix.sum(axis=0)).ravel()
-    idf = np.log1p(n / np.maximum(df, 1))
-    idf = idf / idf.max() if len(idf) and idf.max() > 0 else idf
+    idf = node_idf(df, n, df.min() if len(df) else 1)
     return StatementGraph(frame["statement_id"].to_list(), frame["text"].to_list(), frame["topic"].to_list(), vectors,
                           chunk_rows, topic.astype(np.int64), members, matrix, matrix.T.tocsr(), node_ids, idf,
-                          by_chunk)
+                          by_chunk, topic_ids.tolist())
 
 
 # ---------------------------------------------------------------------------------------------

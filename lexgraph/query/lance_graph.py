@@ -20,8 +20,10 @@ from collections import OrderedDict
 import numpy as np
 
 from lexgraph.query.lance_graph_tables import (GRAPH_ENTITIES, GRAPH_LINKS, GRAPH_MENTIONS, GRAPH_NAMES,
-                                               GRAPH_STATEMENTS, GRAPH_TOPICS, VECTOR_ANN, read_state,
+                                               GRAPH_STATEMENTS, GRAPH_TOPICS, VECTOR_ANN, FORMAT, read_state,
                                                tables_current)
+from lexgraph.indexing.corpus_state import read_json
+from lexgraph.query import graph_channels
 from lexgraph.query.retrieval_types import LexicalGraph
 from lexgraph.storage import lance_indexes as li
 from lexgraph.storage.vector_store import VectorStore, _in_list
@@ -119,27 +121,39 @@ class LanceEntities(_VectorTable):
         self.size = self.table.count_rows()
         self.probe = _probe(self.table, params)
         self.idf_max = float(state.get("entity_idf_max", 0.0))
+        self.chunks = int(state.get("chunks", 0))  # the corpus size the idfs are computed from
         self.has_mentions = bool(state.get("entity_mentions"))
         self.has_relations = bool(state.get("entity_relations"))
-        self._rows = _RowCache(self.table, "row", ["row", "entity_id", "name", "entity_type", "idf", "vector",
+        self._rows = _RowCache(self.table, "row", ["row", "entity_id", "name", "entity_type", "vector",
                                                    "chunk_ids", "chunk_count", "neighbours", "shares"])
         self.mentions = store.db.open_table(GRAPH_MENTIONS) if GRAPH_MENTIONS in store.table_names() else None
         self.statements: LanceStatements | None = None  # what a hub entity's chunks are read among
         self._keys = {kind: _RowCache(self.names, "key", ["key", "row", "kind"]) for kind in ("name", "part")}
 
-    def _named(self, keys: list[str], kind: str) -> list[int]:
+    def _candidates(self, keys: list[str]) -> dict[str, list[tuple]]:
+        """key -> its rows in the names table (kind, rank, entity id, row)."""
+        found: dict[str, list[tuple]] = {}
         if not keys:
-            return []
-        found = self.names.search().where(f"kind = '{kind}' AND {_in('key', list(dict.fromkeys(keys)))}") \
-            .select(["key", "row"]).limit(len(keys)).to_arrow()
-        row_of = dict(zip(found.column("key").to_pylist(), found.column("row").to_pylist()))
-        return [int(row_of[k]) for k in keys if k in row_of]
+            return found
+        rows = self.names.search().where(_in("key", list(dict.fromkeys(keys)))) \
+            .select(["key", "kind", "rank", "entity_id", "row"]).limit(None).to_arrow().to_pylist()
+        for r in rows:
+            found.setdefault(r["key"], []).append((r["kind"], r["rank"], r["entity_id"], r["row"]))
+        return found
 
     def named(self, keys: list[str]) -> list[int]:
-        return self._named(keys, "name")
+        """An entity's own name before a surface form, then the smallest entity id (graph_channels.best_names)."""
+        found = self._candidates(keys)
+        best = {k: min((rank, entity, row) for kind, rank, entity, row in rows if kind == "name")
+                for k, rows in found.items() if any(kind == "name" for kind, *_ in rows)}
+        return [int(best[k][2]) for k in keys if k in best]
 
     def partly_named(self, keys: list[str]) -> list[int]:
-        return self._named(keys, "part")
+        """Parts of longer names that name one entity and are no entity's name (path_channel.partial_names)."""
+        found = self._candidates(keys)
+        one = {k: {row for kind, _, _, row in rows} for k, rows in found.items()
+               if all(kind == "part" for kind, *_ in rows)}
+        return [int(next(iter(one[k]))) for k in keys if k in one and len(one[k]) == 1]
 
     def relations_of(self, rows: list[int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         records = self._rows.get(rows)
@@ -164,7 +178,8 @@ class LanceEntities(_VectorTable):
     def idf_of(self, rows) -> np.ndarray:
         rows = [int(r) for r in rows]
         records = self._rows.get(rows)
-        return np.array([records[r]["idf"] if r in records else 0.0 for r in rows], dtype=np.float64)
+        counts = np.array([records[r]["chunk_count"] if r in records else 0 for r in rows], dtype=np.float64)
+        return np.where([r in records for r in rows], graph_channels.entity_idf(counts, self.chunks), 0.0)
 
     def types_of(self, rows) -> np.ndarray:
         rows = [int(r) for r in rows]
@@ -182,15 +197,16 @@ class LanceStatements(_VectorTable):
     """The statement graph of the statement channel and the answer layer, read from graph_statements,
     graph_topics and graph_links."""
 
-    def __init__(self, store: VectorStore, params):
+    def __init__(self, store: VectorStore, state: dict, params):
         self.table = store.db.open_table(GRAPH_STATEMENTS)
+        self.counted = int(state.get("statements", 0)), float(state.get("link_df_min", 1))  # what node idfs use
         self.size = self.table.count_rows()
         self.probe = _probe(self.table, params)
         self._rows = _RowCache(self.table, "row", ["row", "statement_id", "text", "topic", "topic_row", "chunk_id",
                                                    "doc_id", "vector", "links"])
         self._topics = _RowCache(store.db.open_table(GRAPH_TOPICS), "topic_row", ["topic_row", "members",
                                                                                    "member_count"])
-        self._links = _RowCache(store.db.open_table(GRAPH_LINKS), "node", ["node", "node_id", "idf", "members",
+        self._links = _RowCache(store.db.open_table(GRAPH_LINKS), "node", ["node", "node_id", "members",
                                                                            "member_count"])
         self._focus: OrderedDict[bytes, np.ndarray] = OrderedDict()
         self._focus_lock = threading.Lock()
@@ -214,7 +230,9 @@ class LanceStatements(_VectorTable):
         return np.asarray(self._record(row)["links"] or [], dtype=np.int64)
 
     def link_strength(self, node: int) -> float:
-        return float(self._links.one(int(node))["idf"])
+        statements, df_min = self.counted
+        return float(graph_channels.node_idf(np.array([self._links.one(int(node))["member_count"]]), statements,
+                                             df_min)[0])
 
     def link_name(self, node: int) -> str:
         return self._links.one(int(node))["node_id"]
@@ -291,12 +309,15 @@ def load_lance_graph(store: VectorStore, files, params) -> tuple[LexicalGraph | 
     lance_backend.LanceParams (nprobes, probe_share, refine_factor), applied to each table's own ANN index."""
     state = read_state(files)
     if not state:
+        if read_json(files.graph_tables).get("format") not in (None, FORMAT):
+            return None, ("the lexical graph's LanceDB tables are of an older format; the next corpus job "
+                          "(`lexgraph ingest`) writes them again")
         return None, "the lexical graph's LanceDB tables are not written yet; the corpus job writes them"
     if not tables_current(files):
         return None, "the lexical graph's LanceDB tables are behind the lexical graph; the corpus job rewrites them"
     names = set(store.table_names())
     entities = LanceEntities(store, state, params) if {GRAPH_ENTITIES, GRAPH_NAMES} <= names else None
-    statements = LanceStatements(store, params) \
+    statements = LanceStatements(store, state, params) \
         if {GRAPH_STATEMENTS, GRAPH_TOPICS, GRAPH_LINKS} <= names else None
     if entities is not None:
         entities.statements = statements

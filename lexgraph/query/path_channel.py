@@ -174,28 +174,32 @@ def _memory_types(index: RetrievalIndex, graph: EntityGraph) -> np.ndarray:
         return types
 
 
+def name_parts(name: str | None) -> set[str]:
+    """The compact keys of the runs of two or more words inside a name of three or more (not the whole name, not
+    only stopwords): what partial_names looks names up by."""
+    words = normalise_entity_name(name or "").split()[:MAX_NAME_WORDS * 2]
+    if len(words) < 3:
+        return set()
+    return {"".join(words[start:end]) for start in range(len(words))
+            for end in range(start + 2, min(start + MAX_NAME_WORDS, len(words)) + 1)
+            if end - start != len(words) and not all(w in STOPWORDS for w in words[start:end])}
+
+
 def partial_names(graph: EntityGraph) -> dict[str, int]:
     """Runs of two or more words inside longer entity names ("Helene Strand" in "Professor Helene Strand"),
-    by compact key, each naming exactly one entity (ambiguous runs are dropped). Built on first use."""
+    by compact key, each naming exactly one entity (ambiguous runs and full names are dropped). Built on first use."""
     cached = getattr(graph, "_path_partials", None)
     if cached is not None:
         return cached
     runs: dict[str, int] = {}
     ambiguous: set[str] = set()
     for i, name in enumerate(graph.names):
-        words = normalise_entity_name(name or "").split()[:MAX_NAME_WORDS * 2]
-        if len(words) < 3:
-            continue
-        for start in range(len(words)):
-            for end in range(start + 2, min(start + MAX_NAME_WORDS, len(words)) + 1):
-                if end - start == len(words):
-                    continue
-                key = "".join(words[start:end])
-                if key in graph.lookup or all(w in STOPWORDS for w in words[start:end]):
-                    continue
-                if runs.get(key, i) != i:
-                    ambiguous.add(key)
-                runs[key] = i
+        for key in name_parts(name):
+            if key in graph.lookup:
+                continue
+            if runs.get(key, i) != i:
+                ambiguous.add(key)
+            runs[key] = i
     for key in ambiguous:
         runs.pop(key, None)
     graph._path_partials = runs  # type: ignore[attr-defined]

@@ -207,6 +207,7 @@ class StatementGraph(_UnitVectorRows):
     link_ids: list[str]
     link_idf: np.ndarray  # ln(1 + statements / statements holding the node), scaled to max 1
     by_chunk: sp.csr_matrix  # chunks × statements
+    topic_ids: list[str] | None = None  # each topic number's topic id
 
     # What the statement channel and the answer layer read, row by row (lexgraph.query.lance_graph answers the
     # same calls from LanceDB tables). Chunk refs are rows of RetrievalIndex.chunks here.
