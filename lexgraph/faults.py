@@ -23,6 +23,9 @@ POINTS = (EMBEDDING, CATALOG, KEYWORD_INDEX, LEXICAL_GRAPH)
 # Reached only with an LLM configured, so not in POINTS: in extract_documents, right after a paid LLM call
 # is in the cost ledger and its answer in the extraction cache, before the document's extractions are written.
 EXTRACTION = "extraction"
+# Reached only above the lance threshold, so not in POINTS either: in the graph tables' update by difference,
+# after the statements, topics and nodes are written, before the entities.
+GRAPH_TABLES_DIFF = "graph_tables_diff"
 
 _passes: dict[str, int] = {}
 

@@ -8,13 +8,18 @@ lexical graph, and the channels on them must return the same evidence.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 
 import dagster as dg
 import numpy as np
 import polars as pl
 import pytest
 
+from lexgraph.faults import CRASH_ENV, GRAPH_TABLES_DIFF
 from lexgraph.index import LexIndex
 from lexgraph.query import graph_tables_diff
 from lexgraph.query import lance_graph_tables as gt
@@ -22,7 +27,14 @@ from lexgraph.query.retrieval import Retriever, load_lance_index
 from lexgraph.settings import Settings
 from lexgraph.storage.vector_store import VectorStore
 from orchestration.runner import ingest_folder
-from tests.conftest import copy_corpus
+from tests.conftest import cleared_variables, copy_corpus
+
+
+def cleared_environment() -> dict[str, str]:
+    cleared = set(cleared_variables())
+    return {k: v for k, v in os.environ.items() if k not in cleared}
+
+pytestmark = pytest.mark.ingest  # each case ingests the sample corpus through Dagster
 
 ADDED = """# Kestrel and Halvorsen: joint engine review 2024
 
@@ -87,6 +99,7 @@ def diffed(tmp_path_factory, request):
         assert first.corpus_index_ok and not first.failed
         files = LexIndex(Settings.from_env(home=home)).corpus_files
         assert json.loads(files.graph_tables.read_text())["next"]["statement"] > 0
+        shutil.copytree(home, root / "before")  # for the kill test: the index before the change
         (corpus / "kestrel-halvorsen-engine-review-2024.md").write_text(ADDED)
         changed = corpus / "email-nowak-engine-fault-2024-02.txt"
         changed.write_text(changed.read_text() + "\nPS: Annika Vogt at Kestrel Propulsion confirmed the injector batch.\n")
@@ -132,3 +145,29 @@ def test_the_added_document_is_found_through_the_graph_channels(diffed, embedder
             assert any("engine-review" in d for d in found), (method, found)
             assert {h.chunk_id for h in ours.search(method, question, 10)} == \
                 {h.chunk_id for h in theirs.search(method, question, 10)}, method
+
+
+@pytest.mark.subprocess
+def test_a_kill_during_the_diff_makes_the_next_run_write_the_tables_whole(diffed, tmp_path):
+    """`kill -9` in the middle of the diff (statements written, entities not): the tables are marked as being
+    written, so the next `lexgraph ingest` writes them whole, and they equal a whole rewrite."""
+    home, whole, cap = diffed
+    if cap != gt.MEMBER_CAP:
+        pytest.skip("one kill is enough: the default member cap")
+    crashed = tmp_path / "index"
+    shutil.copytree(home.parent / "before", crashed)
+    corpus = home.parent / "corpus"
+    env = {**cleared_environment(), "LEXGRAPH_LANCE_THRESHOLD": "1"}
+    command = [sys.executable, "-m", "orchestration.cli", "--home", str(crashed), "ingest", str(corpus), "--prune",
+               "--quiet"]
+    killed = subprocess.run(command, env={**env, CRASH_ENV: GRAPH_TABLES_DIFF}, capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    state = json.loads(LexIndex(Settings.from_env(home=crashed)).corpus_files.graph_tables.read_text())
+    assert state["writing"] and state["lexical_inputs"] is None
+    again = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stdout + again.stderr
+    ours, theirs = canonical(crashed), canonical(whole)
+    for part in ours:
+        if part == "figures":
+            ours[part].pop("lexical_inputs"), theirs[part].pop("lexical_inputs")  # the files' times differ
+        assert ours[part] == theirs[part], part

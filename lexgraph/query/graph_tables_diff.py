@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from lexgraph.faults import GRAPH_TABLES_DIFF, crash_point
 from lexgraph.indexing.corpus_state import CorpusFiles, read_json
 from lexgraph.indexing.lexical_diff import rewrite_is_cheaper
 from lexgraph.indexing.lexical_state import KEY, saved_rows
@@ -145,6 +146,7 @@ class TableDiff:
         if self.documents:
             self._statements(graph_channels._load_statements(self.store, self.extract, position, mentions, present)
                              if present else None)
+            crash_point(GRAPH_TABLES_DIFF)
             self._entities(mentions, present, position)
         self.figures["chunks"] = chunks
         self.figures["next"] = self.next
@@ -329,8 +331,7 @@ class TableDiff:
                 all_mentions = pl.DataFrame(schema={"entity_row": pl.Int64, "chunk_id": pl.Utf8})
             all_relations = all_relations.unique("_rowid") if all_relations.height else \
                 pl.DataFrame(schema={"a": pl.Int64, "b": pl.Int64, "weight": pl.Float64})
-            base = gt.entity_base_rows(self.store, {e: r for r, e in by_row.items()},
-                                       None if len(by_row) > 5 * IN_BATCH else _in_list("entity_id", list(by_row.values())))
+            base = self._entity_base({e: r for r, e in by_row.items()})
             links = gt.entity_link_rows(rows, all_mentions, all_relations)
             self._add(gt.GRAPH_ENTITIES, base.join(links, on="row").sort("row"))
         # names: the rewritten documents' surface forms and the gone or changed entities' names and parts
@@ -339,13 +340,19 @@ class TableDiff:
         self._delete(gt.GRAPH_NAMES, "row", changed_rows, extra="doc_id = '' AND ")
         self._delete(gt.GRAPH_NAMES, "row", gone_rows)
         fresh = [e for e in changes["new"] + changes["updated"] if e in row_of]
-        entities = gt.entity_base_rows(self.store, {e: row_of[e] for e in fresh}, _in_list("entity_id", fresh)) \
+        entities = self._entity_base({e: row_of[e] for e in fresh}) \
             if fresh else pl.DataFrame(schema={"row": pl.Int64, "entity_id": pl.Utf8, "name": pl.Utf8})
         surface = pl.DataFrame(schema={"row": pl.Int64, "entity_id": pl.Utf8, "entity_name": pl.Utf8, "doc_id": pl.Utf8})
         if mentions is not None and mentions.height:
             surface = mentions.select(pl.col("entity_id").replace_strict(row_of, return_dtype=pl.Int64).alias("row"),
                                       "entity_id", "entity_name", pl.col("chunk_id").replace_strict(self.doc_of).alias("doc_id"))
         self._add(gt.GRAPH_NAMES, gt.name_rows(entities.select("row", "entity_id", "name"), surface))
+
+    def _entity_base(self, rows: dict[str, int]) -> pl.DataFrame:
+        """lance_graph_tables.entity_base_rows, read by batches of ids (never the whole vector table)."""
+        ids = sorted(rows)
+        return pl.concat([gt.entity_base_rows(self.store, {e: rows[e] for e in part}, _in_list("entity_id", part))
+                          for part in _batches(ids)], how="vertical_relaxed")
 
     def _known(self, ids) -> set[str]:
         """The ids among these that the entities vector table holds."""

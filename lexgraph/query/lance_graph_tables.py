@@ -137,7 +137,8 @@ def entity_base_rows(store: VectorStore, rows: dict[str, int], where: str | None
     found = found.filter(pl.col("entity_id").is_in(list(rows)))
     if "entity_type" not in found.columns:
         found = found.with_columns(pl.lit("other").alias("entity_type"))
-    vectors = graph_channels._unit(np.asarray(found["vector"].to_list(), dtype=np.float32).reshape(found.height, -1))
+    dimension = getattr(table.schema.field("vector").type, "list_size", -1) if not found.height else -1
+    vectors = graph_channels._unit(np.asarray(found["vector"].to_list(), dtype=np.float32).reshape(found.height, dimension))
     frame = found.select(pl.col("entity_id").replace_strict(rows, return_dtype=pl.Int64).alias("row"), "entity_id",
                          "name", pl.col("entity_type").fill_null("other").replace("", "other"))
     return _vectors(frame, vectors)
