@@ -10,7 +10,7 @@ from assets.skeleton import keyword_index, skeleton_selection
 from assets.corpus_result import corpus_result
 from assets.lexical import lexical_graph
 from lexgraph.indexing import corpus_update
-from lexgraph.query import lance_graph_tables
+from lexgraph.query import graph_tables_step
 from resources import IndexResource, LanceDBResource
 
 
@@ -46,7 +46,7 @@ def search_indexes(context: dg.AssetExecutionContext, index: IndexResource,
     "time instead of loading the graph. Rewritten whole when the lexical graph changed; below the threshold none.",
 )
 def graph_tables(context: dg.AssetExecutionContext, index: IndexResource, lancedb: LanceDBResource) -> dg.MaterializeResult:
-    outcome = lance_graph_tables.update_graph_tables(index.corpus_files(), lancedb.get(), index.extract_store(),
+    outcome = graph_tables_step.update_graph_tables(index.corpus_files(), lancedb.get(), index.extract_store(),
                                                      index.settings())
     context.log.info(f"graph tables: {outcome.figures['decision']} ({outcome.figures['chunks']} chunks)")
     return corpus_result(context, outcome)

@@ -109,11 +109,11 @@ def keyword_links_record(files: corpus_state.CorpusFiles) -> str:
 def graph_tables(settings: Settings, files: corpus_state.CorpusFiles, vectors: VectorStore) -> str:
     """The lance graph tables in their current format, written whole (what the first corpus run after an upgrade
     does once), so that timed adds measure the update by difference."""
-    from lexgraph.query import lance_graph_tables
+    from lexgraph.query import graph_tables_step, lance_graph_tables
 
     if lance_graph_tables.tables_current(files):
         return "already current"
-    outcome = lance_graph_tables.update_graph_tables(files, vectors, ExtractStore(settings.extract_dir), settings)
+    outcome = graph_tables_step.update_graph_tables(files, vectors, ExtractStore(settings.extract_dir), settings)
     return f"{outcome.figures['decision']} ({outcome.figures.get('why_whole') or 'below the threshold'})"
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from lexgraph.faults import CRASH_ENV, GRAPH_TABLES_DIFF
 from lexgraph.index import LexIndex
-from lexgraph.query import graph_tables_diff
+from lexgraph.query import graph_tables_diff, graph_tables_step
 from lexgraph.query import lance_graph_tables as gt
 from lexgraph.query.retrieval import Retriever, load_lance_index
 from lexgraph.settings import Settings
@@ -119,7 +119,7 @@ def diffed(tmp_path_factory, request):
         settings = Settings.from_env(home=whole)
         index = LexIndex(settings)
         patch.setattr(graph_tables_diff, "try_diff", lambda *a, **k: (None, "forced whole by the test"))
-        outcome = gt.update_graph_tables(index.corpus_files, index.vectors, index.extract_store, settings)
+        outcome = graph_tables_step.update_graph_tables(index.corpus_files, index.vectors, index.extract_store, settings)
         assert outcome.figures["decision"] == "written whole"
     return home, whole, request.param
 

@@ -592,7 +592,7 @@ def test_a_graph_route_question_is_answered_while_another_process_holds_the_grap
 def test_a_hubs_members_are_read_among_the_questions_nearest_statements(lance_home, tmp_path, monkeypatch, pair):
     """Past MEMBER_CAP a member list is not stored: a hub node's statements are its members among the question's
     nearest statements, a hub entity's chunks its mentions among their chunks, exactly those of the full graph."""
-    from lexgraph.query import lance_graph, lance_graph_tables
+    from lexgraph.query import graph_tables_step, lance_graph, lance_graph_tables
     from lexgraph.query.retrieval_types import RetrievalParams
 
     monkeypatch.setattr(lance_graph_tables, "MEMBER_CAP", 3)
@@ -601,7 +601,7 @@ def test_a_hubs_members_are_read_among_the_questions_nearest_statements(lance_ho
     shutil.copytree(lance_home, home)
     settings = Settings.from_env(home=home, query_backend="lance")
     index = LexIndex(settings)
-    lance_graph_tables.update_graph_tables(index.corpus_files, index.vectors, index.extract_store, settings)
+    graph_tables_step.update_graph_tables(index.corpus_files, index.vectors, index.extract_store, settings)
     graph, why = lance_graph.load_lance_graph(index.vectors, index.corpus_files, LanceParams(nprobes=20))
     assert graph is not None, why
     memory = pair[0].index.graph

@@ -24,7 +24,7 @@ rare one. The idfs are not stored: they depend on the corpus size, so a query co
 the corpus figures in corpus/graph_tables.json.
 
 A BTREE on each table's keys; an ANN index (cosine) on the entity and statement vectors from ANN_FROM_ROWS rows
-(below it LanceDB searches flat, exact). The graph_tables corpus step (update_graph_tables) writes them after the
+(below it LanceDB searches flat, exact). The graph_tables corpus step (graph_tables_step) writes them after the
 lexical graph: by difference when the lexical graph was itself updated by difference from the graph the tables
 hold (lexgraph.query.graph_tables_diff: only the changed documents' rows and the entities, nodes and topics they
 touch), else whole from the memory graph (graph_channels.load_lexical_graph), so both backends walk the same
@@ -33,22 +33,18 @@ corpus/graph_tables.json records the lexical graph the tables were made from and
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import polars as pl
 import pyarrow as pa
 from lancedb.index import BTree
 
 from lexgraph.atomic_json import write_json
-from lexgraph.indexing.corpus_state import GRAPH_TABLES, GRAPH_TABLES_FORMAT, CorpusFiles, catalog_digest, read_json
-from lexgraph.indexing.corpus_update import StepOutcome
+from lexgraph.indexing.corpus_state import GRAPH_TABLES_FORMAT, CorpusFiles, read_json
 from lexgraph.query import graph_channels
 from lexgraph.query.path_channel import name_parts
 from lexgraph.query.retrieval_types import LexicalGraph
 from lexgraph.storage import lance_indexes as li
-from lexgraph.storage.extract_store import ExtractStore
-from lexgraph.storage.vector_store import CHUNKS, ENTITIES, VectorStore
+from lexgraph.storage.vector_store import ENTITIES, VectorStore
 
 GRAPH_ENTITIES, GRAPH_NAMES, GRAPH_STATEMENTS = "graph_entities", "graph_entity_names", "graph_statements"
 GRAPH_TOPICS, GRAPH_LINKS, GRAPH_MENTIONS = "graph_topics", "graph_links", "graph_mentions"
@@ -129,16 +125,19 @@ def entity_link_rows(rows: list[int], mentions: pl.DataFrame, relations: pl.Data
 
 def entity_base_rows(store: VectorStore, rows: dict[str, int], where: str | None = None) -> pl.DataFrame:
     """row, entity_id, name, entity_type, vector of the entities in `rows` (entity id -> row), from the entities
-    vector table."""
+    vector table (the vectors through Arrow and numpy: 910,390 of them as Python floats took 10 GB)."""
     table = store.db.open_table(ENTITIES)
     columns = [c for c in ("entity_id", "name", "entity_type", "vector") if c in table.schema.names]
-    found = pl.from_arrow(table.search().where(where).select(columns).limit(None).to_arrow() if where
-                          else table.to_arrow().select(columns))
-    found = found.filter(pl.col("entity_id").is_in(list(rows)))
+    query = table.search() if where is None else table.search().where(where)
+    arrow = query.select(columns).limit(None).to_arrow()
+    keep = np.array([e in rows for e in arrow.column("entity_id").to_pylist()], dtype=bool)
+    vector = arrow.column("vector").combine_chunks()
+    dimension = vector.type.list_size if hasattr(vector.type, "list_size") else len(vector[0]) if len(vector) else 0
+    values = vector.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+    vectors = graph_channels._unit(values.reshape(len(vector), dimension)[keep])
+    found = pl.from_arrow(arrow.drop_columns(["vector"])).filter(pl.Series(keep))
     if "entity_type" not in found.columns:
         found = found.with_columns(pl.lit("other").alias("entity_type"))
-    dimension = getattr(table.schema.field("vector").type, "list_size", -1) if not found.height else -1
-    vectors = graph_channels._unit(np.asarray(found["vector"].to_list(), dtype=np.float32).reshape(found.height, dimension))
     frame = found.select(pl.col("entity_id").replace_strict(rows, return_dtype=pl.Int64).alias("row"), "entity_id",
                          "name", pl.col("entity_type").fill_null("other").replace("", "other"))
     return _vectors(frame, vectors)
@@ -302,41 +301,6 @@ def corpus_figures(figures: dict) -> dict:
     share = 1.0 if not figures["statements"] or chunks < 2 else min(1.0, pairs / (chunks * (chunks - 1)))
     return {"entity_idf_max": float(graph_channels.entity_idf(np.array([figures["entity_df_min"]]), chunks)[0])
             if figures["next"]["entity"] else 0.0, "bridge_pair_share": share}
-
-
-def update_graph_tables(files: CorpusFiles, store: VectorStore, extract: ExtractStore, settings) -> StepOutcome:
-    """graph_tables: the lexical graph written as the graph tables when queries use the lance backend (below the
-    threshold, only the record that none are needed), then recorded as built (the crash-safety commit). By
-    difference when it can be (graph_tables_diff), else whole."""
-    from lexgraph.query import graph_tables_diff
-
-    indexed = store.indexed_hashes()  # the catalog this build is made from
-    digest = catalog_digest(indexed)
-    chunks = store.count(CHUNKS)
-    lexical_inputs = files.recorded_lexical_inputs()
-    figures = {"chunks": chunks, "threshold": settings.lance_threshold, "query_backend": settings.query_backend,
-               "catalog_digest": digest}
-    if chunks == 0 or not settings.uses_lance(chunks):
-        files.record_built(GRAPH_TABLES, digest, settings)
-        return StepOutcome(digest, figures={**figures, "decision": "below threshold: none"})
-    started = time.perf_counter()
-    state, why = read_state(files), ""
-    written, why = graph_tables_diff.try_diff(files, store, extract, state, lexical_inputs)
-    decision = "written by difference"
-    if written is None:
-        decision = "written whole"
-        mark_writing(files, state)
-        frame = store.scan(CHUNKS, ["chunk_id", "doc_id"])
-        chunk_ids, doc_ids = frame["chunk_id"].to_list(), frame["doc_id"].to_list()
-        rows: dict = {}
-        graph = graph_channels.load_lexical_graph(store, extract, {c: i for i, c in enumerate(chunk_ids)}, rows)
-        written = write_graph_tables(store, graph, chunk_ids, doc_ids, rows)
-    record_tables(files, written, digest, lexical_inputs)
-    files.record_built(GRAPH_TABLES, digest, settings)
-    return StepOutcome(digest, figures={**figures, "decision": decision, "why_whole": why,
-                                        "seconds": round(time.perf_counter() - started, 2),
-                                        "bridge_pair_share": round(corpus_figures(written)["bridge_pair_share"], 4)},
-                       details={"rows": written["counts"]}, paths={"state": str(files.graph_tables)})
 
 
 def mark_writing(files: CorpusFiles, state: dict) -> None:
