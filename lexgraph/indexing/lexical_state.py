@@ -114,21 +114,28 @@ def load_state(root: Path | None) -> tuple[LexicalState | None, str]:
     """The saved state when the stores are known to hold it; else None and why the build must be whole."""
     if root is None:
         return None, "no state folder given"
-    marker = _read_marker(Path(root))
-    if not marker:
-        return None, "no saved lexical state (first build, or its state file is missing or unreadable)"
-    if marker.get("format") != STATE_FORMAT:
-        return None, f"saved lexical state of another format ({marker.get('format')!r})"
-    if not marker.get("synced"):
-        return None, "the last write of the lexical graph did not finish (state not marked as written)"
-    folder = Path(root) / str(marker.get("generation"))
+    folder, why = _synced_generation(Path(root))
+    if folder is None:
+        return None, why
     try:
         documents = _read_frame(folder, "documents")
         rows = {t: _read_frame(folder, f"rows_{t}") for t in ROW_TABLES}
         frames = {t: _read_frame(folder, t) for t in FRAMES}
     except (Exception, pl.exceptions.PanicException) as error:  # noqa: BLE001 - torn or garbage: rebuild
         return None, f"saved lexical state unreadable ({type(error).__name__}: {str(error).splitlines()[0][:160]})"
-    return LexicalState(documents, rows, frames, str(marker["generation"])), ""
+    return LexicalState(documents, rows, frames, folder.name), ""
+
+
+def _synced_generation(root: Path) -> tuple[Path | None, str]:
+    """The folder of the saved generation the stores hold, or (None, why there is none)."""
+    marker = _read_marker(root)
+    if not marker:
+        return None, "no saved lexical state (first build, or its state file is missing or unreadable)"
+    if marker.get("format") != STATE_FORMAT:
+        return None, f"saved lexical state of another format ({marker.get('format')!r})"
+    if not marker.get("synced"):
+        return None, "the last write of the lexical graph did not finish (state not marked as written)"
+    return root / str(marker.get("generation")), ""
 
 
 def _read_frame(folder: Path, name: str) -> pl.DataFrame:
@@ -208,10 +215,10 @@ def splice_frames(old: dict, touched: dict, entity_ids: set, fact_ids: set, pair
 
 def saved_rows(root: Path | None, table: str) -> pl.DataFrame | None:
     """One table of every document's keyed rows (ROW_TABLES) as last saved, when the stores hold that state."""
-    marker = _read_marker(Path(root)) if root is not None else {}
-    if marker.get("format") != STATE_FORMAT or not marker.get("synced"):
+    folder = _synced_generation(Path(root))[0] if root is not None else None
+    if folder is None:
         return None
     try:
-        return _read_frame(Path(root) / str(marker.get("generation")), f"rows_{table}")
+        return _read_frame(folder, f"rows_{table}")
     except (Exception, pl.exceptions.PanicException):  # noqa: BLE001 - torn or garbage: the caller rewrites whole
         return None

@@ -299,17 +299,19 @@ class TableDiff:
         relations = relations.filter(pl.col("a").is_in(list(known)) & pl.col("b").is_in(list(known)))
         mentions = mentions.filter(pl.col("entity_id").is_in(list(known))) if mentions is not None else None
         row_of = self._entity_rows(sorted(known))
-        gone_rows = list(self._entity_rows_of(changes["gone"]).values())
+        gone_rows = list(self._entity_rows_of("entity_id", changes["gone"]).values())
         self._delete(gt.GRAPH_MENTIONS, "doc_id", self.documents)
         self._delete(gt.GRAPH_RELATIONS, "doc_id", self.documents)
         if gone_rows:
             self._delete(gt.GRAPH_MENTIONS, "entity_row", gone_rows)
-        new_mentions = pl.DataFrame(schema=gt.SCHEMAS[gt.GRAPH_MENTIONS])
+        # the new mentions with their entity's row and document: the mention rows and the surface forms
+        placed = pl.DataFrame(schema={"row": pl.Int64, "entity_id": pl.Utf8, "entity_name": pl.Utf8,
+                                      "chunk_id": pl.Utf8, "doc_id": pl.Utf8})
         if mentions is not None and mentions.height:
-            new_mentions = mentions.select(pl.col("entity_id").replace_strict(row_of, return_dtype=pl.Int64)
-                                           .alias("entity_row"), "chunk_id",
-                                           pl.col("chunk_id").replace_strict(self.doc_of).alias("doc_id")).unique()
-        self._add(gt.GRAPH_MENTIONS, new_mentions)
+            placed = mentions.select(pl.col("entity_id").replace_strict(row_of, return_dtype=pl.Int64).alias("row"),
+                                     "entity_id", "entity_name", "chunk_id",
+                                     pl.col("chunk_id").replace_strict(self.doc_of).alias("doc_id"))
+        self._add(gt.GRAPH_MENTIONS, placed.select(pl.col("row").alias("entity_row"), "chunk_id", "doc_id").unique())
         self._add(gt.GRAPH_RELATIONS, relations.select(
             pl.col("a").replace_strict(row_of, return_dtype=pl.Int64), pl.col("b").replace_strict(row_of, return_dtype=pl.Int64),
             "weight", pl.col("chunk_id").replace_strict(self.doc_of).alias("doc_id")))
@@ -318,7 +320,7 @@ class TableDiff:
         if old_relations.height:
             affected |= set(old_relations["a"].to_list()) | set(old_relations["b"].to_list())
         affected -= set(gone_rows)
-        by_row = {**{r: e for e, r in self._entity_ids_of(sorted(affected - set(row_of.values()))).items()},
+        by_row = {**{r: e for e, r in self._entity_rows_of("row", sorted(affected - set(row_of.values()))).items()},
                   **{r: e for e, r in row_of.items()}}
         self._delete(gt.GRAPH_ENTITIES, "row", sorted(affected | set(gone_rows)))
         if by_row:
@@ -342,11 +344,7 @@ class TableDiff:
         fresh = [e for e in changes["new"] + changes["updated"] if e in row_of]
         entities = self._entity_base({e: row_of[e] for e in fresh}) \
             if fresh else pl.DataFrame(schema={"row": pl.Int64, "entity_id": pl.Utf8, "name": pl.Utf8})
-        surface = pl.DataFrame(schema={"row": pl.Int64, "entity_id": pl.Utf8, "entity_name": pl.Utf8, "doc_id": pl.Utf8})
-        if mentions is not None and mentions.height:
-            surface = mentions.select(pl.col("entity_id").replace_strict(row_of, return_dtype=pl.Int64).alias("row"),
-                                      "entity_id", "entity_name", pl.col("chunk_id").replace_strict(self.doc_of).alias("doc_id"))
-        self._add(gt.GRAPH_NAMES, gt.name_rows(entities.select("row", "entity_id", "name"), surface))
+        self._add(gt.GRAPH_NAMES, gt.name_rows(entities.select("row", "entity_id", "name"), placed))
 
     def _entity_base(self, rows: dict[str, int]) -> pl.DataFrame:
         """lance_graph_tables.entity_base_rows, read by batches of ids (never the whole vector table)."""
@@ -363,17 +361,11 @@ class TableDiff:
             self.store.scan(ENTITIES, ["entity_id"]).filter(pl.col("entity_id").is_in(ids))
         return set(found["entity_id"].to_list()) if found.height else set()
 
-    def _entity_rows_of(self, ids: list[str]) -> dict[str, int]:
-        found = self._read(gt.GRAPH_ENTITIES, "entity_id", ids, ["entity_id", "row"]) if ids else pl.DataFrame()
-        return dict(zip(found["entity_id"].to_list(), found["row"].to_list())) if found.height else {}
-
-    def _entity_ids_of(self, rows: list[int]) -> dict[str, int]:
-        found = self._read(gt.GRAPH_ENTITIES, "row", rows, ["entity_id", "row"]) if rows else pl.DataFrame()
+    def _entity_rows_of(self, column: str, values: list) -> dict[str, int]:
+        """entity id -> row of the graph_entities rows whose `column` is one of `values`."""
+        found = self._read(gt.GRAPH_ENTITIES, column, values, ["entity_id", "row"]) if values else pl.DataFrame()
         return dict(zip(found["entity_id"].to_list(), found["row"].to_list())) if found.height else {}
 
     def _entity_rows(self, ids: list[str]) -> dict[str, int]:
         """Each entity's row: its row in the table, or a new one."""
-        known = self._entity_rows_of(ids)
-        missing = [e for e in ids if e not in known]
-        known.update(zip(missing, self._allocate("entity", len(missing)).tolist()))
-        return known
+        return dict(zip(ids, self._keyed_rows(gt.GRAPH_ENTITIES, "entity_id", "row", ids, "entity").tolist()))

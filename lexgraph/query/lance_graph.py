@@ -144,9 +144,10 @@ class LanceEntities(_VectorTable):
     def named(self, keys: list[str]) -> list[int]:
         """An entity's own name before a surface form, then the smallest entity id (graph_channels.best_names)."""
         found = self._candidates(keys)
-        best = {k: min((rank, entity, row) for kind, rank, entity, row in rows if kind == "name")
-                for k, rows in found.items() if any(kind == "name" for kind, *_ in rows)}
-        return [int(best[k][2]) for k in keys if k in best]
+        best = graph_channels.best_names((k, rank, entity) for k, rows in found.items()
+                                         for kind, rank, entity, _ in rows if kind == "name")
+        row_of = {entity: row for rows in found.values() for _, _, entity, row in rows}
+        return [int(row_of[best[k]]) for k in keys if k in best]
 
     def partly_named(self, keys: list[str]) -> list[int]:
         """Parts of longer names that name one entity and are no entity's name (path_channel.partial_names)."""
