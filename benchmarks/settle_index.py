@@ -114,7 +114,8 @@ def graph_tables(settings: Settings, files: corpus_state.CorpusFiles, vectors: V
     if lance_graph_tables.tables_current(files):
         return "already current"
     outcome = graph_tables_step.update_graph_tables(files, vectors, ExtractStore(settings.extract_dir), settings)
-    return f"{outcome.figures['decision']} ({outcome.figures.get('why_whole') or 'below the threshold'})"
+    why = outcome.figures.get("why_whole")
+    return outcome.figures["decision"] + (f" ({why})" if why else "")
 
 
 def main() -> None:

@@ -123,24 +123,26 @@ def entity_link_rows(rows: list[int], mentions: pl.DataFrame, relations: pl.Data
                             pl.col("shares").fill_null(pl.lit([], dtype=pl.List(pl.Float64))))
 
 
-def entity_base_rows(store: VectorStore, rows: dict[str, int], where: str | None = None) -> pl.DataFrame:
-    """row, entity_id, name, entity_type, vector of the entities in `rows` (entity id -> row), from the entities
-    vector table (the vectors through Arrow and numpy: 910,390 of them as Python floats took 10 GB)."""
+def entity_base_rows(store: VectorStore, rows: dict[str, int], where: str) -> pl.DataFrame:
+    """row, entity_id, name, entity_type, unit vector of the entities in `rows` (entity id -> row; `where` selects
+    them), from the entities vector table (the vectors through Arrow and numpy, never as Python floats)."""
     table = store.db.open_table(ENTITIES)
     columns = [c for c in ("entity_id", "name", "entity_type", "vector") if c in table.schema.names]
-    query = table.search() if where is None else table.search().where(where)
-    arrow = query.select(columns).limit(None).to_arrow()
-    keep = np.array([e in rows for e in arrow.column("entity_id").to_pylist()], dtype=bool)
+    arrow = table.search().where(where).select(columns).limit(None).to_arrow()
     vector = arrow.column("vector").combine_chunks()
     dimension = vector.type.list_size if hasattr(vector.type, "list_size") else len(vector[0]) if len(vector) else 0
     values = vector.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-    vectors = graph_channels._unit(values.reshape(len(vector), dimension)[keep])
-    found = pl.from_arrow(arrow.drop_columns(["vector"])).filter(pl.Series(keep))
-    if "entity_type" not in found.columns:
-        found = found.with_columns(pl.lit("other").alias("entity_type"))
-    frame = found.select(pl.col("entity_id").replace_strict(rows, return_dtype=pl.Int64).alias("row"), "entity_id",
-                         "name", pl.col("entity_type").fill_null("other").replace("", "other"))
-    return _vectors(frame, vectors)
+    found = pl.from_arrow(arrow.drop_columns(["vector"]))
+    types = found["entity_type"] if "entity_type" in found.columns else pl.Series([None] * found.height, dtype=pl.Utf8)
+    return _vectors(_base_frame(found["entity_id"].replace_strict(rows, return_dtype=pl.Int64), found["entity_id"],
+                                found["name"], types), graph_channels._unit(values.reshape(len(vector), dimension)))
+
+
+def _base_frame(rows, ids, names, types) -> pl.DataFrame:
+    """row, entity_id, name, entity_type ("other" where none is said)."""
+    return pl.DataFrame({"row": rows, "entity_id": ids, "name": names, "entity_type": types},
+                        schema={"row": pl.Int64, "entity_id": pl.Utf8, "name": pl.Utf8, "entity_type": pl.Utf8}) \
+        .with_columns(pl.col("entity_type").fill_null("other").replace("", "other"))
 
 
 def name_rows(entities: pl.DataFrame, surface: pl.DataFrame) -> pl.DataFrame:
@@ -165,21 +167,25 @@ def name_rows(entities: pl.DataFrame, surface: pl.DataFrame) -> pl.DataFrame:
 def _entity_frames(store: VectorStore, graph, mentions: pl.DataFrame, relations: pl.DataFrame,
                    doc_of: dict[str, str]) -> dict[str, pl.DataFrame]:
     row_of = {e: i for i, e in enumerate(graph.ids)}
-    mention_rows = pl.DataFrame({"entity_row": [row_of[e] for e in mentions["entity_id"].to_list()],
-                                 "chunk_id": mentions["chunk_id"].to_list()}, schema={"entity_row": pl.Int64,
-                                                                                      "chunk_id": pl.Utf8})
-    mention_rows = mention_rows.unique().with_columns(pl.col("chunk_id").replace_strict(doc_of).alias("doc_id"))
+    # the mentions with their entity's row and document: the mention rows and the surface forms
+    placed = mentions.select(pl.col("entity_id").replace_strict(row_of, return_dtype=pl.Int64).alias("row"),
+                             "entity_id", "entity_name", "chunk_id",
+                             pl.col("chunk_id").replace_strict(doc_of, return_dtype=pl.Utf8).alias("doc_id"))
+    mention_rows = placed.select(pl.col("row").alias("entity_row"), "chunk_id", "doc_id").unique()
     relation_rows = pl.DataFrame({"a": [row_of[e] for e in relations["a"].to_list()],
                                   "b": [row_of[e] for e in relations["b"].to_list()],
                                   "weight": relations["weight"].to_list(),
                                   "doc_id": [doc_of[c] for c in relations["chunk_id"].to_list()]},
                                  schema=SCHEMAS[GRAPH_RELATIONS])
-    base = entity_base_rows(store, row_of)
+    # names and vectors as the memory graph holds them (read from the entities table once); the types alone
+    kinds = store.scan(ENTITIES, ["entity_id", "entity_type"]) if "entity_type" in \
+        store.db.open_table(ENTITIES).schema.names else pl.DataFrame()
+    kind = dict(zip(kinds["entity_id"].to_list(), kinds["entity_type"].to_list())) if kinds.height else {}
+    base = _vectors(_base_frame(np.arange(graph.size, dtype=np.int64), graph.ids, graph.names,
+                                [kind.get(e) for e in graph.ids]), graph.unit_vectors)
     links = entity_link_rows(list(range(graph.size)), mention_rows, relation_rows)
     entities = base.join(links, on="row").sort("row")
-    surface = mentions.select(pl.col("entity_id").replace_strict(row_of, return_dtype=pl.Int64).alias("row"),
-                              "entity_id", "entity_name", pl.col("chunk_id").replace_strict(doc_of).alias("doc_id"))
-    return {GRAPH_ENTITIES: entities, GRAPH_NAMES: name_rows(entities, surface), GRAPH_MENTIONS: mention_rows,
+    return {GRAPH_ENTITIES: entities, GRAPH_NAMES: name_rows(entities, placed), GRAPH_MENTIONS: mention_rows,
             GRAPH_RELATIONS: relation_rows}
 
 
